@@ -1,0 +1,83 @@
+"""JSON Lines traces: an optional metadata line, then one request object per line (streamed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from workloads.errors import TraceFormatError
+from workloads.formats.records import (
+    VERSION_KEY,
+    DuplicateTracker,
+    Metadata,
+    json_type_name,
+    metadata_record,
+    parse_metadata,
+    record_from_request,
+    request_from_record,
+)
+from workloads.formats.textio import atomic_text_writer, iter_lines
+from workloads.request import Request, Trace
+
+
+def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any:
+    """``json.loads`` a line (``line`` given) or a whole document, locating syntax errors."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceFormatError(
+            f"malformed JSON: {err.msg} at column {err.colno}",
+            path=path,
+            line=err.lineno if line is None else line,
+        ) from None
+
+
+def load_jsonl(path: str | Path) -> Trace:
+    """Read a JSON Lines trace line by line; blank lines are skipped."""
+    metadata = Metadata()
+    requests: list[Request] = []
+    duplicates = DuplicateTracker()
+    seen_content = False
+    for line, text in iter_lines(path):
+        if not text.strip():
+            continue
+        obj = parse_json_text(text, path, line)
+        try:
+            if not isinstance(obj, dict):
+                raise TraceFormatError(f"expected a JSON object, got {json_type_name(obj)}")
+            if not seen_content and VERSION_KEY in obj:
+                seen_content = True
+                metadata = parse_metadata(obj)
+                continue
+            seen_content = True
+            request = request_from_record(obj, metadata.hash_block_size)
+            duplicates.check(request.request_id, line, "line")
+        except TraceFormatError as err:
+            raise err.located(path, line=line) from None
+        requests.append(request)
+    if not seen_content:
+        raise TraceFormatError("file is empty", path=path)
+    return build_trace(path, metadata, requests)
+
+
+def build_trace(path: str | Path, metadata: Metadata, requests: list[Request]) -> Trace:
+    """Wrap loaded requests in a Trace named by the metadata (or the file's stem)."""
+    if not requests:
+        raise TraceFormatError("file has no requests", path=path)
+    try:
+        return Trace(
+            name=metadata.name or Path(path).stem,
+            hash_block_size=metadata.hash_block_size,
+            requests=requests,
+        )
+    except TraceFormatError as err:
+        raise err.located(path) from None
+
+
+def save_jsonl(trace: Trace, path: str | Path) -> None:
+    """Write ``trace`` as JSON Lines (metadata line first), atomically."""
+    with atomic_text_writer(path) as file:
+        file.write(json.dumps(metadata_record(trace.name, trace.hash_block_size)) + "\n")
+        for request in trace.requests:
+            file.write(json.dumps(record_from_request(request), allow_nan=False) + "\n")
