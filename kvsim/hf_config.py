@@ -1,0 +1,133 @@
+"""Build a ModelSpec from a Hugging Face config.json, and resolve ``--model`` (preset or path).
+
+Reads llama / mistral / qwen2 / opt style keys. Only the config is read: no weights, no
+tokenizer, no network. Every bad or missing key raises CostModelError naming file and key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsim._specio import CostModelError, positive_int, read_json_object
+from kvsim.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
+
+# vLLM's dtype="auto" serves float32 checkpoints in 16-bit, and configs without a dtype are served
+# in float16, so the serving width is 2 bytes for every common value.
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 2, "float": 2, "half": 2}
+
+
+def _required_int(config: dict[str, object], keys: tuple[str, ...], source: str) -> int:
+    for key in keys:
+        if key in config:
+            return positive_int(config[key], f"key {key!r}", source)
+    names = " or ".join(repr(k) for k in keys)
+    raise CostModelError(f"{source}: missing key {names}")
+
+
+def _dtype_bytes(config: dict[str, object], source: str) -> int:
+    # transformers >= 4.56 writes "dtype"; older configs write "torch_dtype".
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or value not in _DTYPE_BYTES:
+            known = ", ".join(sorted(_DTYPE_BYTES))
+            raise CostModelError(f"{source}: key {key!r} must be one of {known}, got {value!r}")
+        return _DTYPE_BYTES[value]
+    return 2
+
+
+def model_spec_from_hf_config(
+    path: str | Path, *, name: str | None = None, num_params: int | None = None
+) -> ModelSpec:
+    """Read ``path`` (a config.json, or a folder holding one) into a ModelSpec.
+
+    ``num_params`` defaults to :func:`estimate_num_params` (embeddings + layers + LM head unless
+    tied); ``max_model_len`` is ``max_position_embeddings``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    source = str(path)
+    config = read_json_object(path)
+
+    model_type = config.get("model_type", "llama")
+    is_opt = model_type == "opt"
+    num_layers = _required_int(config, ("num_hidden_layers",), source)
+    hidden_size = _required_int(config, ("hidden_size",), source)
+    num_heads = _required_int(config, ("num_attention_heads",), source)
+    num_kv_heads = num_heads
+    if config.get("num_key_value_heads") is not None:
+        num_kv_heads = _required_int(config, ("num_key_value_heads",), source)
+    # Several configs write "head_dim": null or omit it; both mean "derive it".
+    if config.get("head_dim") is not None:
+        head_dim = _required_int(config, ("head_dim",), source)
+    elif hidden_size % num_heads != 0:
+        raise CostModelError(
+            f"{source}: key 'hidden_size' ({hidden_size}) is not a multiple of "
+            f"'num_attention_heads' ({num_heads}) and no 'head_dim' is given"
+        )
+    else:
+        head_dim = hidden_size // num_heads
+    intermediate_size = _required_int(
+        config, ("ffn_dim",) if is_opt else ("intermediate_size",), source
+    )
+    vocab_size = _required_int(config, ("vocab_size",), source)
+    max_model_len = _required_int(config, ("max_position_embeddings",), source)
+    # OPT ties its LM head to the embeddings (PretrainedConfig default); llama-likes do not.
+    tie = config.get("tie_word_embeddings", is_opt)
+    if not isinstance(tie, bool):
+        raise CostModelError(
+            f"{source}: key 'tie_word_embeddings' must be true or false, got {tie!r}"
+        )
+    if num_heads % num_kv_heads != 0:
+        raise CostModelError(
+            f"{source}: key 'num_key_value_heads' ({num_kv_heads}) must divide "
+            f"'num_attention_heads' ({num_heads})"
+        )
+
+    if num_params is None:
+        num_params = estimate_num_params(
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate_size,
+            vocab_size=vocab_size,
+            gated_mlp=not is_opt,
+            tie_word_embeddings=tie,
+        )
+    if name is None:
+        raw = config.get("_name_or_path")
+        name = raw.rstrip("/").rsplit("/", 1)[-1] if isinstance(raw, str) and raw.strip("/") else ""
+        name = name or path.resolve().parent.name or "model"
+    return ModelSpec(
+        name=name,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        dtype_bytes=_dtype_bytes(config, source),
+        num_params=num_params,
+        max_model_len=max_model_len,
+        gated_mlp=not is_opt,
+        tie_word_embeddings=tie,
+    )
+
+
+def resolve_model(name_or_path: str | Path) -> ModelSpec:
+    """A preset name (``llama-2-7b``) or a path to a config.json / a model folder holding one."""
+    key = str(name_or_path)
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    path = Path(name_or_path)
+    if path.exists():
+        return model_spec_from_hf_config(path)
+    presets = ", ".join(MODEL_PRESETS)
+    raise CostModelError(
+        f"unknown model {key!r}: not a preset ({presets}) and no such config.json or folder"
+    )

@@ -1,0 +1,215 @@
+"""Model architectures for the cost model: ModelSpec, presets, and Hugging Face config.json reading.
+
+Pure data and arithmetic (stdlib only): no torch, no weights are ever loaded. Sizes are in
+parameters or bytes; ``dtype_bytes`` is the serving dtype (2 for fp16/bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from kvsim._specio import CostModelError, nonempty_str, positive_int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as memory and step time care.
+
+    ``num_params`` is the true parameter count (weights in memory = num_params * dtype_bytes);
+    ``gated_mlp`` says the MLP has three matrices (SwiGLU: gate, up, down) rather than two
+    (OPT's fc1/fc2); ``tie_word_embeddings`` says the LM head shares the embedding matrix.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+    num_params: int
+    max_model_len: int
+    gated_mlp: bool = True
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        source = f"model {self.name!r}"
+        nonempty_str(self.name, "name", "model")
+        for field in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "num_params",
+            "max_model_len",
+        ):
+            positive_int(getattr(self, field), field, source)
+        if self.dtype_bytes not in (1, 2, 4) or isinstance(self.dtype_bytes, bool):
+            raise CostModelError(
+                f"{source}: dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}"
+            )
+        if self.num_heads % self.num_kv_heads != 0:
+            raise CostModelError(
+                f"{source}: num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        for field in ("gated_mlp", "tie_word_embeddings"):
+            if not isinstance(getattr(self, field), bool):
+                raise CostModelError(
+                    f"{source}: {field} must be a bool, got {getattr(self, field)!r}"
+                )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token occupies in the cache, all layers, one replica (bytes)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights, unsharded (bytes)."""
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Parameters of the per-layer matrices (QKV, O, MLP), all layers; no norms or biases.
+
+        This is what the linear layers multiply every token by: 2 FLOPs per parameter per token.
+        """
+        return self.num_layers * _layer_matmul_params(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            gated_mlp=self.gated_mlp,
+        )
+
+    @property
+    def kv_proj_params(self) -> int:
+        """Parameters of the K and V projections, all layers (replicated when tp > num_kv_heads)."""
+        return 2 * self.num_layers * self.hidden_size * self.num_kv_heads * self.head_dim
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the output projection (vocab x hidden), tied or not."""
+        return self.vocab_size * self.hidden_size
+
+
+def _layer_matmul_params(
+    *,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    gated_mlp: bool,
+) -> int:
+    q_and_o = 2 * hidden_size * num_heads * head_dim
+    k_and_v = 2 * hidden_size * num_kv_heads * head_dim
+    mlp = (3 if gated_mlp else 2) * hidden_size * intermediate_size
+    return q_and_o + k_and_v + mlp
+
+
+def estimate_num_params(
+    *,
+    num_layers: int,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    vocab_size: int,
+    gated_mlp: bool = True,
+    tie_word_embeddings: bool = False,
+) -> int:
+    """Parameter count from the architecture: embeddings + layers + final norm + untied LM head.
+
+    Biases and learned position embeddings are ignored (under 0.1% for the presets); each layer
+    has two norm weight vectors of ``hidden_size``.
+    """
+    per_layer = (
+        _layer_matmul_params(
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate_size,
+            gated_mlp=gated_mlp,
+        )
+        + 2 * hidden_size
+    )
+    embeddings = vocab_size * hidden_size
+    lm_head = 0 if tie_word_embeddings else vocab_size * hidden_size
+    return embeddings + num_layers * per_layer + hidden_size + lm_head
+
+
+# --- presets -------------------------------------------------------------------------------------
+# Numbers from each model's config.json on the Hugging Face Hub; num_params is the exact count of
+# the released checkpoint (sources in docs/costmodel.md).
+
+
+def _llama(
+    name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    inter: int,
+    vocab: int,
+    params: int,
+    max_len: int,
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=hidden // heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        dtype_bytes=2,
+        num_params=params,
+        max_model_len=max_len,
+    )
+
+
+MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 6_738_415_616, 4096),
+            _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 13_015_864_320, 4096),
+            _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 68_976_648_192, 4096),
+            _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8_030_261_248, 8192),
+            _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8_030_261_248, 131072),
+            _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 70_553_706_496, 8192),
+            # Mistral-7B-v0.1: max_position_embeddings 32768; its 4096-token sliding window is
+            # not modelled (the cache keeps every token, as a paged cache without window eviction).
+            _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 7_241_732_096, 32768),
+            # Qwen2.5-7B(-Instruct): 32768 native context (longer needs YaRN rope scaling).
+            _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 7_615_616_512, 32768),
+            ModelSpec(
+                name="opt-13b",
+                num_layers=40,
+                hidden_size=5120,
+                num_heads=40,
+                num_kv_heads=40,
+                head_dim=128,
+                intermediate_size=20480,
+                vocab_size=50272,
+                dtype_bytes=2,
+                num_params=12_853_473_280,
+                max_model_len=2048,
+                gated_mlp=False,
+                tie_word_embeddings=True,
+            ),
+        )
+    }
+)

@@ -1,0 +1,67 @@
+"""Tensor parallelism: what one of ``tp`` GPUs holds and computes (Megatron-style, as vLLM does).
+
+Attention heads, the MLP's intermediate dimension, the embedding and the LM head are split ``tp``
+ways. KV heads are split too while ``tp <= num_kv_heads``; beyond that vLLM replicates them so each
+GPU holds exactly one KV head (its K/V projections and cache are copied ``tp / num_kv_heads``
+times). Norm weights are replicated; they are ignored (a few hidden-size vectors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsim._specio import CostModelError
+from kvsim.modelspec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedModel:
+    """Per-GPU sizes of ``model`` under tensor parallelism ``tp`` (counts, parameters, bytes)."""
+
+    model: ModelSpec
+    tp: int
+    heads_per_gpu: int
+    kv_heads_per_gpu: int
+    weight_bytes_per_gpu: int
+    layer_matmul_params_per_gpu: int
+    lm_head_params_per_gpu: int
+    kv_bytes_per_token_per_gpu: int
+
+
+def check_tp(model: ModelSpec, tp: object) -> int:
+    """Validate ``tp`` for ``model`` with vLLM's rules; return it as an int."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise CostModelError(f"tp must be an integer >= 1, got {tp!r}")
+    if model.num_heads % tp != 0:
+        raise CostModelError(f"tp={tp} must divide {model.name}'s num_heads ({model.num_heads})")
+    kv = model.num_kv_heads
+    if (tp <= kv and kv % tp != 0) or (tp > kv and tp % kv != 0):
+        raise CostModelError(
+            f"tp={tp} must divide {model.name}'s num_kv_heads ({kv}) or be a multiple of it"
+        )
+    return tp
+
+
+def shard_model(model: ModelSpec, tp: int = 1) -> ShardedModel:
+    """Split ``model`` over ``tp`` GPUs; raises CostModelError for an incompatible ``tp``."""
+    check_tp(model, tp)
+    kv_heads_per_gpu = max(1, model.num_kv_heads // tp)
+    # K/V projections are sized by the KV heads a GPU holds (replicated when tp > num_kv_heads);
+    # everything else is an even split of the whole parameter count.
+    kv_proj_per_gpu = model.kv_proj_params * kv_heads_per_gpu // model.num_kv_heads
+    other_params_per_gpu = (model.num_params - model.kv_proj_params) // tp
+    return ShardedModel(
+        model=model,
+        tp=tp,
+        heads_per_gpu=model.num_heads // tp,
+        kv_heads_per_gpu=kv_heads_per_gpu,
+        weight_bytes_per_gpu=(other_params_per_gpu + kv_proj_per_gpu) * model.dtype_bytes,
+        layer_matmul_params_per_gpu=(model.layer_matmul_params - model.kv_proj_params) // tp
+        + kv_proj_per_gpu,
+        lm_head_params_per_gpu=model.lm_head_params // tp,
+        kv_bytes_per_token_per_gpu=2
+        * model.num_layers
+        * kv_heads_per_gpu
+        * model.head_dim
+        * model.dtype_bytes,
+    )
