@@ -128,8 +128,8 @@ def test_presets_are_read_only() -> None:
 )
 def test_model_spec_rejects_bad_fields_by_name(field: str, value: object) -> None:
     with pytest.raises(CostModelError, match=field) as info:
-        dataclasses.replace(MODEL_PRESETS["llama-2-7b"], **{field: value})
-    assert repr(value) in str(info.value) or field == "name"
+        dataclasses.replace(MODEL_PRESETS["llama-2-7b"], **{field: value})  # type: ignore[arg-type]
+    assert repr(value) in str(info.value)
 
 
 def test_model_spec_rejects_kv_heads_not_dividing_heads() -> None:
