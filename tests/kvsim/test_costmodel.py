@@ -68,6 +68,7 @@ def test_breakdown_sums_to_step_time() -> None:
     for shape in (decode_shape(64, 1000), prefill_shape(2000), BatchShape(9, 520, 5000, 9000, 700)):
         parts = model.breakdown(shape)
         assert sum(parts.values()) == pytest.approx(model.step_time(shape), rel=1e-12)
+        assert model.step_time_of(*dataclasses.astuple(shape)) == model.step_time(shape)
         assert all(value >= 0 for value in parts.values())
 
 
