@@ -1,7 +1,249 @@
-"""Trace commands: ``kvsim gen``, ``kvsim import``, ``kvsim info`` (to be written)."""
+"""Trace commands: ``kvsim gen``, ``kvsim import``, ``kvsim info``.
+
+Each command hands off to one workloads function; only this edge turns the library's
+exceptions into one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
+
+from kvsim.console import console, fail
+from workloads import (
+    DEFAULT_TRACE_NAME,
+    IMPORTERS,
+    ArrivalKind,
+    ArrivalProcess,
+    ImportResult,
+    WorkloadError,
+    generate_trace,
+    load_trace,
+    resolve_trace,
+    save_trace,
+    shipped_trace_names,
+    trace_stats,
+    truncate,
+)
+from workloads.formats import TRACE_SUFFIXES
+from workloads.lengths import SPEC_HELP
+
+_DEFAULT_LENGTHS = "trace:azure_llm_2023_conv"  # real, paired prompt/output lengths
+
+
+class ImportFormat(str, Enum):
+    """Public trace formats ``kvsim import`` reads (the keys of workloads.IMPORTERS)."""
+
+    AZURE = "azure"
+    MOONCAKE = "mooncake"
+    LENGTHS = "lengths"
+    BURSTGPT = "burstgpt"
+
+
+OutOption = Annotated[
+    Path, typer.Option("-o", "--out", help="Trace file to write: .jsonl, .json or .csv.")
+]
+RateOption = Annotated[float | None, typer.Option(help="Mean arrival rate, requests/s (required).")]
+ArrivalOption = Annotated[
+    ArrivalKind | None,
+    typer.Option(help="Inter-arrival distribution: poisson (exponential gaps) or gamma."),
+]
+CvOption = Annotated[
+    float | None,
+    typer.Option(help="Gamma inter-arrival CV (std/mean): 1 like Poisson, > 1 bursty."),
+]
+SeedOption = Annotated[int | None, typer.Option(help="Random seed (default 0).")]
+
+
+@contextlib.contextmanager
+def _bad_input() -> Iterator[None]:
+    """Turn bad-input exceptions into one red line and exit code 2."""
+    try:
+        yield
+    except WorkloadError as err:
+        fail(str(err))
+    except OSError as err:
+        fail(f"{err.filename}: {err.strerror}" if err.filename else str(err))
+
+
+def _check_out(path: Path) -> None:
+    if path.suffix.lower() not in TRACE_SUFFIXES:
+        fail(f"{path}: unsupported file extension; use {', '.join(TRACE_SUFFIXES)}")
+
+
+def gen(
+    out: OutOption,
+    rate: RateOption = None,
+    arrival: ArrivalOption = None,
+    cv: CvOption = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Generate all arrivals in this many seconds.")
+    ] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Generate exactly N requests.")] = None,
+    prompt: Annotated[
+        str, typer.Option(help=f"Prompt length SPEC: {SPEC_HELP}.")
+    ] = _DEFAULT_LENGTHS,
+    output: Annotated[
+        str, typer.Option(help="Output length SPEC, same syntax as --prompt.")
+    ] = _DEFAULT_LENGTHS,
+    seed: SeedOption = None,
+    name: Annotated[str | None, typer.Option(help="Trace name (default: file stem).")] = None,
+) -> None:
+    """Write a synthetic trace: seeded arrivals (poisson or gamma) and token lengths from SPECs.
+
+    Same options and seed give a byte-identical file. Example:
+    kvsim gen -o t.jsonl --rate 5 --duration 60 --prompt lognormal:1000:1.0 --output fixed:200
+    """
+    _check_out(out)
+    if rate is None:
+        fail("--rate is required (requests/s)")
+    if (duration is None) == (num_requests is None):
+        fail("give exactly one of --duration and --num-requests")
+    with _bad_input():
+        process = ArrivalProcess(
+            rate_per_s=rate, kind=arrival or ArrivalKind.POISSON, cv=1.0 if cv is None else cv
+        )
+        trace = generate_trace(
+            arrivals=process,
+            prompt=prompt,
+            output=output,
+            num_requests=num_requests,
+            duration_s=duration,
+            seed=0 if seed is None else seed,
+            name=name or out.stem,
+        )
+        save_trace(trace, out)
+    last = trace.requests[-1].arrival_time_s
+    console.print(f"wrote {len(trace)} requests over {last:.1f} s to {out}", soft_wrap=True)
+
+
+def _import_options(
+    fmt: ImportFormat,
+    rate: float | None,
+    arrival: ArrivalKind | None,
+    cv: float | None,
+    seed: int | None,
+    num_requests: int | None,
+) -> dict[str, Any]:
+    given = {
+        "--rate": rate,
+        "--arrival": arrival,
+        "--cv": cv,
+        "--seed": seed,
+        "--num-requests": num_requests,
+    }
+    if fmt is not ImportFormat.LENGTHS:
+        for option, value in given.items():
+            if value is not None:
+                fail(f"{option} applies only to the lengths format")
+        return {}
+    if rate is None:
+        fail("the lengths format needs --rate (requests/s) for its synthetic arrivals")
+    process = ArrivalProcess(
+        rate_per_s=rate, kind=arrival or ArrivalKind.POISSON, cv=1.0 if cv is None else cv
+    )
+    return {"arrivals": process, "seed": seed or 0, "num_requests": num_requests}
+
+
+def _dropped_text(result: ImportResult) -> str:
+    if not result.dropped:
+        return "none dropped"
+    reasons = ", ".join(f"{count} with {reason}" for reason, count in result.dropped.items())
+    return f"dropped {result.num_dropped}: {reasons}"
+
+
+def import_trace(
+    fmt: Annotated[ImportFormat, typer.Argument(metavar="FORMAT", help="Source format.")],
+    file: Annotated[Path, typer.Argument(help="Source trace file.")],
+    out: OutOption,
+    name: Annotated[str | None, typer.Option(help="Trace name (default: output stem).")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Keep only the first N requests (by arrival).")
+    ] = None,
+    max_duration: Annotated[
+        float | None,
+        typer.Option(help="Keep only requests arriving within S seconds of the first."),
+    ] = None,
+    rate: RateOption = None,
+    arrival: ArrivalOption = None,
+    cv: CvOption = None,
+    seed: SeedOption = None,
+    num_requests: Annotated[
+        int | None, typer.Option(help="lengths: use the first N usable rows (default all).")
+    ] = None,
+) -> None:
+    """Convert a public trace (azure, mooncake, lengths, burstgpt) to a kvsim trace file.
+
+    --rate/--arrival/--cv/--seed/--num-requests apply to lengths only (rows have no times).
+    """
+    _check_out(out)
+    with _bad_input():
+        options = _import_options(fmt, rate, arrival, cv, seed, num_requests)
+        result = IMPORTERS[fmt.value](file, name=name or out.stem, **options)
+        trace = result.trace
+        if limit is not None or max_duration is not None:
+            trace = truncate(trace, max_requests=limit, max_duration_s=max_duration)
+        save_trace(trace, out)
+    console.print(
+        f"imported {len(trace)} requests from {result.num_rows} rows of {file} "
+        f"({_dropped_text(result)}) to {out}",
+        soft_wrap=True,
+    )
+
+
+def _stats_tables(stats: dict[str, Any]) -> tuple[Table, Table]:
+    def number(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    overview = Table(show_header=False)
+    overview.add_row("trace", stats["name"])
+    overview.add_row("requests", f"{stats['num_requests']:,}")
+    overview.add_row("duration", f"{stats['duration_s']:,.1f} s")
+    overview.add_row("mean rate", number(stats["mean_rate_per_s"], ".3f") + " req/s")
+    overview.add_row("inter-arrival CV", number(stats["interarrival_cv"], ".2f"))
+    overview.add_row("with hash_ids", f"{stats['share_with_hash_ids']:.0%}")
+    overview.add_row("hash_block_size", str(stats["hash_block_size"] or "-"))
+    overview.add_row("sessions", f"{stats['num_sessions']:,}")
+    overview.add_row("with cancel_after_s", f"{stats['share_with_cancel_after']:.0%}")
+    tokens = Table(title="tokens per request")
+    for column in ("", "mean", "p50", "p99", "max", "total"):
+        tokens.add_column(column, justify="right" if column else "left")
+    for key in ("prompt_tokens", "output_tokens"):
+        row = stats[key]
+        tokens.add_row(
+            key.removesuffix("_tokens"),
+            f"{row['mean']:,.1f}",
+            *(f"{row[k]:,.0f}" for k in ("p50", "p99", "max", "total")),
+        )
+    return overview, tokens
+
+
+def info(
+    trace: Annotated[
+        str,
+        typer.Argument(help="Trace file (.jsonl, .json, .csv) or the name of a shipped trace."),
+    ] = DEFAULT_TRACE_NAME,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
+) -> None:
+    """Show a trace's statistics: count, duration, rate, burstiness, token lengths."""
+    with _bad_input():
+        stats = trace_stats(load_trace(resolve_trace(trace)))
+    if as_json:
+        console.print_json(json.dumps(stats))
+        return
+    for table in _stats_tables(stats):
+        console.print(table)
 
 
 def register(app: typer.Typer) -> None:
     """Add the trace commands to ``app``."""
+    app.command("gen")(gen)
+    app.command("import")(import_trace)
+    app.command("info", epilog=f"Shipped traces: {', '.join(shipped_trace_names())}.")(info)
