@@ -14,6 +14,7 @@ from workloads.errors import TraceFormatError, WorkloadError
 from workloads.formats.csvfile import load_csv, save_csv
 from workloads.formats.jsondoc import load_json, save_json
 from workloads.formats.jsonl import load_jsonl, save_jsonl
+from workloads.formats.textio import gc_paused
 from workloads.request import Trace
 
 _LOADERS: dict[str, Callable[[str | Path], Trace]] = {
@@ -46,7 +47,9 @@ def load_trace(path: str | Path) -> Trace:
         TraceFormatError: the file breaks a rule (message ``file:line: reason``).
         OSError: the file cannot be opened.
     """
-    return _LOADERS[_suffix(path)](path)
+    loader = _LOADERS[_suffix(path)]
+    with gc_paused():
+        return loader(path)
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:

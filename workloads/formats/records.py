@@ -12,6 +12,7 @@ FORMAT_VERSION = 1
 VERSION_KEY = "kvsim_trace"
 METADATA_KEYS = (VERSION_KEY, "name", "hash_block_size")
 _ALLOWED_FIELDS = frozenset(ALL_FIELDS)
+_REQUIRED = frozenset(REQUIRED_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,15 +66,16 @@ def request_from_record(record: dict[str, Any], hash_block_size: int | None) -> 
 
     Unknown fields are rejected (a typo such as ``ouput_tokens`` must not pass silently).
     """
-    if not record.keys() <= _ALLOWED_FIELDS:
+    keys = record.keys()
+    if not keys <= _ALLOWED_FIELDS:
         unknown = next(key for key in record if key not in _ALLOWED_FIELDS)
         if unknown == VERSION_KEY:
             raise TraceFormatError("the metadata line must be the first line", field=unknown)
         raise TraceFormatError(f"unknown field {show_value(unknown)}", field=unknown)
-    for field in REQUIRED_FIELDS:
-        if record.get(field) is None:
-            raise TraceFormatError(f"missing field {field}", field=field)
-    if None in record.values():
+    if not keys >= _REQUIRED or None in record.values():  # rare: check and drop nulls
+        for field in REQUIRED_FIELDS:
+            if record.get(field) is None:
+                raise TraceFormatError(f"missing field {field}", field=field)
         record = {key: value for key, value in record.items() if value is not None}
     request = Request(**record)
     check_hash_ids(request, hash_block_size)

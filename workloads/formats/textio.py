@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import tempfile
 from collections.abc import Iterator
@@ -71,3 +72,20 @@ def atomic_text_writer(path: str | Path) -> Iterator[TextIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many small objects.
+
+    Loading 1M requests allocates millions of dicts and Requests, none of them cyclic; the
+    collector's repeated passes over them cost about a third of the load time. Reference counting
+    still frees everything; the previous GC state is restored afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
