@@ -1,0 +1,235 @@
+"""The KV block pool: free list, per-sequence block tables and slot mappings.
+
+The BlockManager is the only record of KV memory. It hands out physical blocks
+``0 .. num_blocks - 1`` from a FIFO free queue (a fresh manager gives 0, 1, 2, ...; freed
+blocks go to the back), keeps an owner table and a reference count per block, and checks
+DESIGN.md's invariants on demand. It imports no torch.
+
+Reference counts and the owner table leave room for prefix caching (shared, hashed full
+blocks kept as evictable cache), which a later change adds; today every count is 0 or 1.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.errors import DoubleFreeError, InvariantError, OutOfBlocksError
+from engine.events import EventKind, EventSink
+from engine.invariants import FREE_OWNER, check_block_manager
+from engine.sequence import Sequence
+
+NO_OWNER = -2  # owner-table entry of a block taken with allocate_blocks() by no sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where one token's K/V lives: block ``physical_block_id`` at ``offset``.
+
+    ``index`` is the flat slot index ``physical_block_id * block_size + offset``.
+    """
+
+    physical_block_id: int
+    offset: int
+    index: int
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+    return -(-num_tokens // block_size)
+
+
+class BlockManager:
+    """Owns ``num_blocks`` physical KV blocks of ``block_size`` tokens each.
+
+    ``watermark`` (a fraction of ``num_blocks``) is kept free when admitting new prefills, as
+    in vLLM, so running sequences have room to grow before anyone is preempted.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.0,
+        event_sink: EventSink | None = None,
+    ) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.watermark = watermark
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.event_sink = event_sink
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref_counts = [0] * num_blocks
+        self._owners = [FREE_OWNER] * num_blocks
+        self._seqs: dict[int, Sequence] = {}  # sequences holding blocks, by seq_id
+
+    # --- queries -----------------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a prefill of ``num_tokens`` tokens fits, keeping the watermark in reserve."""
+        needed = blocks_needed(num_tokens, self.block_size)
+        return len(self._free) - needed >= self.watermark_blocks
+
+    def can_ever_allocate(self, num_tokens: int) -> bool:
+        """Whether ``num_tokens`` tokens could fit even with every other block free."""
+        needed = blocks_needed(num_tokens, self.block_size)
+        return self.num_blocks - needed >= self.watermark_blocks
+
+    def needs_new_block(self, seq: Sequence) -> bool:
+        """Whether the decode write at ``seq.cached_token_count`` starts a new logical block."""
+        return seq.cached_token_count >= len(seq.block_table) * self.block_size
+
+    def can_append_slot(self, seq: Sequence) -> bool:
+        return not self.needs_new_block(seq) or len(self._free) >= 1
+
+    def can_append_slots(self, seqs: list[Sequence]) -> bool:
+        """Whether every sequence in ``seqs`` can take its next decode slot at once."""
+        bs = self.block_size
+        needed = sum(1 for s in seqs if s.cached_token_count >= len(s.block_table) * bs)
+        return needed <= len(self._free)
+
+    def owner_of(self, block_id: int) -> int:
+        """The seq_id owning ``block_id``; FREE_OWNER (-1) or NO_OWNER (-2) otherwise."""
+        return self._owners[block_id]
+
+    # --- low level -----------------------------------------------------------------------
+
+    def allocate_blocks(self, n: int, owner: int = NO_OWNER) -> list[int]:
+        """Take ``n`` blocks from the front of the free queue."""
+        if n > len(self._free):
+            raise OutOfBlocksError(
+                f"cannot allocate {n} blocks: only {len(self._free)} of {self.num_blocks} are free"
+            )
+        popleft = self._free.popleft
+        block_ids = [popleft() for _ in range(n)]
+        refs, owners = self._ref_counts, self._owners
+        for b in block_ids:
+            refs[b] = 1
+            owners[b] = owner
+        return block_ids
+
+    def free_blocks(self, block_ids: list[int]) -> None:
+        """Drop one reference to each block; a block whose count reaches 0 goes to the back
+        of the free queue. Freeing a free block raises ``DoubleFreeError`` (nothing changes)."""
+        refs, owners = self._ref_counts, self._owners
+        for b in block_ids:
+            if not 0 <= b < self.num_blocks:
+                raise InvariantError(f"block {b} is outside the pool 0..{self.num_blocks - 1}")
+            if refs[b] == 0:
+                raise DoubleFreeError(f"block {b} is already free")
+        if len(set(block_ids)) != len(block_ids):
+            raise DoubleFreeError(f"blocks {block_ids} name a block twice in one free")
+        for b in block_ids:
+            refs[b] -= 1
+            if refs[b] == 0:
+                owners[b] = FREE_OWNER
+                self._free.append(b)
+
+    def _release(self, table: list[int], seq_id: int) -> None:
+        """Drop a sequence's references: the fast path of free_blocks for tables this manager
+        built itself, so it validates while it goes instead of in a separate pass."""
+        refs, owners, free = self._ref_counts, self._owners, self._free
+        for b in table:
+            count = refs[b] - 1
+            if count < 0:
+                raise InvariantError(f"block {b} in sequence {seq_id}'s table was already free")
+            refs[b] = count
+            if count == 0:
+                owners[b] = FREE_OWNER
+                free.append(b)
+
+    # --- per sequence ----------------------------------------------------------------------
+
+    def allocate_for_prefill(self, seq: Sequence, num_prompt_tokens: int) -> None:
+        """Give ``seq`` the blocks for tokens ``[0, num_prompt_tokens)``; fills its table."""
+        if seq.block_table:
+            raise InvariantError(
+                f"sequence {seq.seq_id} already holds blocks {seq.block_table}; free it first"
+            )
+        block_ids = self.allocate_blocks(
+            blocks_needed(num_prompt_tokens, self.block_size), owner=seq.seq_id
+        )
+        seq.block_table = block_ids
+        self._seqs[seq.seq_id] = seq
+        if self.event_sink is not None:
+            self.event_sink.record(
+                EventKind.ALLOCATE, seq.seq_id, len(self._free), block_ids, num_prompt_tokens
+            )
+
+    def append_slot_for_decode(self, seq: Sequence) -> Slot:
+        """The slot for token index ``seq.cached_token_count``, appending a new block exactly
+        when that index starts a new logical block. ``cached_token_count`` is not changed."""
+        index = self.append_slot_index(seq)
+        block_id, offset = divmod(index, self.block_size)
+        return Slot(physical_block_id=block_id, offset=offset, index=index)
+
+    def append_slot_index(self, seq: Sequence) -> int:
+        """``append_slot_for_decode`` returning only the flat slot index (the scheduler's hot
+        path: no object per token)."""
+        bs = self.block_size
+        position = seq.cached_token_count
+        table = seq.block_table
+        logical_block, offset = divmod(position, bs)
+        if logical_block == len(table):
+            if not self._free:
+                raise OutOfBlocksError(
+                    f"sequence {seq.seq_id} needs a block for token {position}, none is free"
+                )
+            block_id = self._free.popleft()
+            self._ref_counts[block_id] = 1
+            self._owners[block_id] = seq.seq_id
+            table.append(block_id)
+            self._seqs[seq.seq_id] = seq  # a no-op unless the table was empty
+            if self.event_sink is not None:
+                self.event_sink.record(
+                    EventKind.APPEND_BLOCK, seq.seq_id, len(self._free), (block_id,), 1
+                )
+        elif logical_block > len(table):
+            raise InvariantError(
+                f"sequence {seq.seq_id}: token {position} is beyond its block table {table}"
+            )
+        return table[logical_block] * bs + offset
+
+    def get_slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Flat slot index of each token position in ``[start, end)`` of ``seq``."""
+        bs = self.block_size
+        table = seq.block_table
+        if end > len(table) * bs or start < 0 or start > end:
+            raise InvariantError(
+                f"sequence {seq.seq_id}: positions [{start}, {end}) are not covered by its "
+                f"{len(table)} blocks of {bs} tokens"
+            )
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def free_sequence(self, seq: Sequence) -> None:
+        """Return all of ``seq``'s blocks and clear its table; a second call is a no-op."""
+        table = seq.block_table
+        if not table:
+            self._seqs.pop(seq.seq_id, None)
+            return
+        self._release(table, seq.seq_id)
+        seq.block_table = []
+        del self._seqs[seq.seq_id]
+        if self.event_sink is not None:
+            self.event_sink.record(EventKind.FREE, seq.seq_id, len(self._free), table)
+
+    # --- invariants --------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Verify DESIGN.md's invariants; raise ``InvariantError`` naming block and sequence."""
+        check_block_manager(
+            self.num_blocks, self.block_size, self._free, self._ref_counts, self._owners, self._seqs
+        )

@@ -1,0 +1,134 @@
+"""SchedulerConfig and SchedulerOutput: what the Scheduler is told and what it decides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import SchedulerError
+from engine.events import StepKind
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """Batch limits.
+
+    ``max_num_batched_tokens`` bounds the tokens of one prefill step (there is no chunked
+    prefill, so a prompt longer than it can never run and is rejected). ``max_model_len``
+    (tokens, prompt + generated) rejects longer prompts and finishes sequences that reach it.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 1
+        ):
+            raise ValueError(
+                f"max_model_len must be a positive integer, got {self.max_model_len!r}"
+            )
+
+
+class SchedulerOutput:
+    """One step's decision.
+
+    ``slot_mapping``, ``block_tables`` and ``context_lengths`` describe the cache as it is
+    between ``schedule()`` and ``update()``; reading them after ``update()`` raises, since the
+    sequences have moved on. Block tables are the sequences' own lists, not copies.
+    """
+
+    __slots__ = (
+        "_decode_slots",
+        "_updated",
+        "block_size",
+        "kind",
+        "num_batched_tokens",
+        "num_new_tokens",
+        "preempted",
+        "rejected",
+        "seqs",
+        "step",
+    )
+
+    def __init__(
+        self,
+        *,
+        step: int,
+        kind: StepKind,
+        seqs: list[Sequence],
+        num_new_tokens: list[int],
+        block_size: int,
+        preempted: list[Sequence],
+        rejected: list[Sequence],
+        decode_slots: list[int] | None = None,
+    ) -> None:
+        self.step = step
+        self.kind = kind
+        self.seqs = seqs
+        self.num_new_tokens = num_new_tokens
+        self.num_batched_tokens = sum(num_new_tokens)
+        self.block_size = block_size
+        self.preempted = preempted
+        self.rejected = rejected
+        self._decode_slots = decode_slots
+        self._updated = False
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing runs this step (update() must still be called)."""
+        return not self.seqs
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    def _check_live(self) -> None:
+        if self._updated:
+            raise SchedulerError(
+                f"step {self.step}: read slot_mapping / block_tables / context_lengths "
+                "before update(); the sequences have moved on since"
+            )
+
+    @property
+    def slot_mapping(self) -> list[int]:
+        """Flat slot index of every token written this step, concatenated in batch order."""
+        self._check_live()
+        if self._decode_slots is not None:
+            return self._decode_slots
+        bs = self.block_size
+        slots: list[int] = []
+        for seq, n in zip(self.seqs, self.num_new_tokens):
+            table = seq.block_table
+            start = seq.cached_token_count
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+        return slots
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        self._check_live()
+        return [seq.block_table for seq in self.seqs]
+
+    @property
+    def context_lengths(self) -> list[int]:
+        """Per sequence: cached tokens plus this step's tokens (what attention reads)."""
+        self._check_live()
+        return [s.cached_token_count + n for s, n in zip(self.seqs, self.num_new_tokens)]
+
+    @property
+    def start_positions(self) -> list[int]:
+        """Per sequence: the token index of its first token this step."""
+        self._check_live()
+        return [s.cached_token_count for s in self.seqs]
+
+    def __repr__(self) -> str:
+        return (
+            f"SchedulerOutput(step={self.step}, kind={self.kind}, num_seqs={self.num_seqs}, "
+            f"num_batched_tokens={self.num_batched_tokens}, preempted="
+            f"{[s.seq_id for s in self.preempted]}, rejected={[s.seq_id for s in self.rejected]})"
+        )

@@ -1,0 +1,154 @@
+"""BlockManager: the design's worked examples, low-level allocation and invariant checks."""
+
+import pytest
+
+from engine import (
+    BlockManager,
+    DoubleFreeError,
+    EventKind,
+    EventRecorder,
+    InvariantError,
+    OutOfBlocksError,
+    SamplingParams,
+    Sequence,
+)
+
+
+def make_seq(seq_id: int, num_prompt_tokens: int) -> Sequence:
+    return Sequence(seq_id, list(range(num_prompt_tokens)), SamplingParams(max_tokens=100))
+
+
+def decode(bm: BlockManager, seq: Sequence, token: int) -> int:
+    """One decode step as the scheduler drives it: slot for the input, then advance."""
+    slot = bm.append_slot_for_decode(seq)
+    seq.cached_token_count += 1
+    seq.generated_token_ids.append(token)
+    seq.last_token_id = token
+    return slot.index
+
+
+def test_prompt_of_40_tokens_at_block_size_16_takes_3_blocks_and_decodes_into_them():
+    bm = BlockManager(num_blocks=10, block_size=16)
+    seq = make_seq(0, 40)
+    bm.allocate_for_prefill(seq, 40)
+    assert seq.block_table == [0, 1, 2]
+    assert bm.get_slot_mapping(seq, 32, 40) == list(range(32, 40))  # last block holds 8
+    seq.cached_token_count = 40
+    seq.generated_token_ids.append(7)
+    # Token 40 goes to logical block 2 at offset 8, no new block.
+    slot = bm.append_slot_for_decode(seq)
+    assert (slot.physical_block_id, slot.offset, slot.index) == (2, 8, 2 * 16 + 8)
+    assert seq.block_table == [0, 1, 2]
+    assert seq.cached_token_count == 40  # the scheduler advances it, not the manager
+    seq.cached_token_count += 1
+    seq.generated_token_ids.append(8)
+    for token_index in range(41, 48):
+        assert decode(bm, seq, 1) == 2 * 16 + token_index - 32
+    assert seq.block_table == [0, 1, 2]
+    # Token 48 starts logical block 3: a fourth block, at offset 0.
+    slot = bm.append_slot_for_decode(seq)
+    assert seq.block_table == [0, 1, 2, 3]
+    assert (slot.physical_block_id, slot.offset) == (3, 0)
+    bm.check_invariants()
+
+
+def test_design_example_block_size_4_prompt_a_to_f_then_g_h_i():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    seq = make_seq(0, 6)  # A B C D E F
+    bm.allocate_for_prefill(seq, 6)
+    assert seq.block_table == [0, 1]
+    assert bm.get_slot_mapping(seq, 0, 6) == [0, 1, 2, 3, 4, 5]
+    seq.cached_token_count = 6
+    seq.generated_token_ids.append(ord("G"))
+    seq.last_token_id = ord("G")
+    g = bm.append_slot_for_decode(seq)
+    assert (g.physical_block_id, g.offset) == (1, 2)
+    seq.cached_token_count += 1
+    seq.generated_token_ids.append(ord("H"))
+    h = bm.append_slot_for_decode(seq)
+    assert (h.physical_block_id, h.offset) == (1, 3)
+    seq.cached_token_count += 1
+    seq.generated_token_ids.append(ord("I"))
+    i = bm.append_slot_for_decode(seq)
+    assert (i.physical_block_id, i.offset) == (2, 0)
+    assert seq.block_table == [0, 1, 2]
+    bm.check_invariants()
+
+
+def test_can_allocate_100_tokens_at_block_size_16_needs_7_free_blocks():
+    bm = BlockManager(num_blocks=10, block_size=16)
+    bm.allocate_blocks(3)
+    assert bm.get_num_free_blocks() == 7
+    assert bm.can_allocate(100)
+    bm.allocate_blocks(1)
+    assert not bm.can_allocate(100)
+    assert bm.can_allocate(96)
+
+
+def test_watermark_keeps_blocks_in_reserve_for_admission():
+    bm = BlockManager(num_blocks=100, block_size=16, watermark=0.1)
+    assert bm.can_allocate(90 * 16)
+    assert not bm.can_allocate(90 * 16 + 1)  # would leave 9 < 10 reserved blocks
+
+
+def test_fresh_manager_hands_out_blocks_in_order_and_freed_blocks_go_to_the_back():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    assert bm.allocate_blocks(2) == [0, 1]
+    bm.free_blocks([0])
+    assert bm.allocate_blocks(4) == [2, 3, 4, 5]
+    assert bm.allocate_blocks(1) == [0]
+
+
+def test_double_free_raises_and_changes_nothing():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    blocks = bm.allocate_blocks(2)
+    bm.free_blocks(blocks)
+    with pytest.raises(DoubleFreeError, match="block 0"):
+        bm.free_blocks([0])
+    with pytest.raises(DoubleFreeError):
+        bm.free_blocks(bm.allocate_blocks(1) * 2)
+    assert bm.get_num_free_blocks() == 3
+    bm.check_invariants()
+
+
+def test_allocating_more_than_free_raises():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    with pytest.raises(OutOfBlocksError, match="only 4 of 4"):
+        bm.allocate_blocks(5)
+    seq = make_seq(0, 17)
+    with pytest.raises(OutOfBlocksError):
+        bm.allocate_for_prefill(seq, 17)
+    assert bm.get_num_free_blocks() == 4
+
+
+def test_free_sequence_returns_all_blocks_and_a_second_call_is_a_no_op():
+    recorder = EventRecorder()
+    bm = BlockManager(num_blocks=8, block_size=4, event_sink=recorder)
+    seq = make_seq(3, 9)
+    bm.allocate_for_prefill(seq, 9)
+    bm.free_sequence(seq)
+    bm.free_sequence(seq)
+    assert seq.block_table == []
+    assert bm.get_num_free_blocks() == 8
+    assert recorder.kinds_of(3) == [EventKind.ALLOCATE, EventKind.FREE]
+    assert recorder.blocks_of(1) == [0, 1, 2]
+    bm.check_invariants()
+
+
+def test_check_invariants_names_the_block_and_sequence():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a, b = make_seq(1, 4), make_seq(2, 4)
+    bm.allocate_for_prefill(a, 4)
+    bm.allocate_for_prefill(b, 4)
+    b.block_table.append(a.block_table[0])  # corrupt: a block in two tables
+    with pytest.raises(InvariantError, match=r"block 0 .* sequences 1 and 2"):
+        bm.check_invariants()
+
+
+def test_check_invariants_catches_a_table_that_does_not_cover_cached_tokens():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    seq = make_seq(5, 8)
+    bm.allocate_for_prefill(seq, 8)
+    seq.cached_token_count = 9  # claims a token beyond its two blocks
+    with pytest.raises(InvariantError, match="sequence 5"):
+        bm.check_invariants()
