@@ -33,9 +33,10 @@ def make(seed: int = 1, **kw: object):  # type: ignore[no-untyped-def]
 
 
 def test_same_seed_gives_identical_bytes(tmp_path: Path) -> None:
+    source = "trace:azure_llm_2023_conv_first_2min"
     for name in ("a", "b"):
-        save_trace(make(seed=7, prompt="trace:azure_llm_2023_conv"), tmp_path / f"{name}.jsonl")
-    save_trace(make(seed=8, prompt="trace:azure_llm_2023_conv"), tmp_path / "c.jsonl")
+        save_trace(make(seed=7, prompt=source), tmp_path / f"{name}.jsonl")
+    save_trace(make(seed=8, prompt=source), tmp_path / "c.jsonl")
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
 

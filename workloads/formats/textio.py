@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import os
 import tempfile
@@ -60,6 +61,8 @@ def atomic_text_writer(path: str | Path) -> Iterator[TextIO]:
     Readers never see a half-written file: the rename (``os.replace``) is atomic on POSIX.
     """
     target = Path(path)
+    if not target.parent.is_dir():  # else mkstemp would name its temporary file in the error
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(target.parent))
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as file:
