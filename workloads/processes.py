@@ -136,22 +136,34 @@ def closed_loop(
     ``think_time_s`` drawn from ``rng`` (required when think_time_s > 0), or exactly
     ``think_time_s`` with ``think_time_dist="fixed"``. The process ends when all users are done.
     """
+    # Validate now (not at the first simpy step) so bad arguments fail where they are passed.
     if concurrency < 1:
         raise WorkloadError(f"concurrency must be >= 1, got {concurrency}")
     if not (think_time_s >= 0 and math.isfinite(think_time_s)):
         raise WorkloadError(f"think time must be a finite number >= 0, got {think_time_s}")
-    if think_time_dist == "exponential" and think_time_s > 0:
-        if rng is None:
-            raise WorkloadError("exponential think times need an rng")
+    if think_time_dist == "exponential" and think_time_s > 0 and rng is None:
+        raise WorkloadError("exponential think times need an rng")
+    return _users(
+        env, requests, submit, concurrency, _think_time(think_time_s, think_time_dist, rng), abort
+    )
+
+
+def _think_time(mean_s: float, dist: str, rng: np.random.Generator | None) -> Callable[[], float]:
+    if dist == "exponential" and mean_s > 0:
+        assert rng is not None
         generator = rng
+        return lambda: float(generator.exponential(mean_s))
+    return lambda: mean_s
 
-        def think() -> float:
-            return float(generator.exponential(think_time_s))
-    else:
 
-        def think() -> float:
-            return think_time_s
-
+def _users(
+    env: simpy.Environment,
+    requests: Iterable[Request],
+    submit: Submit,
+    concurrency: int,
+    think: Callable[[], float],
+    abort: Abort | None,
+) -> Process:
     queue = iter(requests)
     users = [env.process(_user(env, queue, submit, think, abort)) for _ in range(concurrency)]
     yield env.all_of(users)

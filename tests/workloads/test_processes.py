@@ -102,11 +102,11 @@ def test_closed_loop_rejects_bad_arguments() -> None:
     env = simpy.Environment()
     server = FakeServer(env, 1.0)
     with pytest.raises(WorkloadError, match="concurrency"):
-        env.process(closed_loop(env, reqs(0), server.submit, 0))
-        env.run()
+        closed_loop(env, reqs(0), server.submit, 0)
     with pytest.raises(WorkloadError, match="need an rng"):
-        env.process(closed_loop(simpy.Environment(), reqs(0), server.submit, 1, 1.0))
-        env.run()
+        closed_loop(env, reqs(0), server.submit, 1, 1.0)
+    with pytest.raises(WorkloadError, match="think time"):
+        closed_loop(env, reqs(0), server.submit, 1, -1.0)
 
 
 def test_cancellation_aborts_only_unfinished_requests() -> None:
