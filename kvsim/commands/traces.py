@@ -161,7 +161,7 @@ def _dropped_text(result: ImportResult) -> str:
 
 def import_trace(
     fmt: Annotated[ImportFormat, typer.Argument(metavar="FORMAT", help="Source format.")],
-    file: Annotated[Path, typer.Argument(help="Source trace file.")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="Source trace file.")],
     out: OutOption,
     name: Annotated[str | None, typer.Option(help="Trace name (default: output stem).")] = None,
     limit: Annotated[
@@ -171,7 +171,9 @@ def import_trace(
         float | None,
         typer.Option(help="Keep only requests arriving within S seconds of the first."),
     ] = None,
-    rate: RateOption = None,
+    rate: Annotated[
+        float | None, typer.Option(help="lengths (required): mean arrival rate, requests/s.")
+    ] = None,
     arrival: ArrivalOption = None,
     cv: CvOption = None,
     seed: SeedOption = None,
