@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from kvsim.commands import traces
+from kvsim.commands import run, traces
 
 app = typer.Typer(
     name="kvsim",
@@ -18,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+run.register(app)
 traces.register(app)
 
 

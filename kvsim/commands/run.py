@@ -1,0 +1,179 @@
+"""``kvsim run``: simulate one trace and write a run folder."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engine import EngineError
+from kvsim.config import RunConfig
+from kvsim.console import console, fail
+from kvsim.errors import KvsimError
+from workloads import DEFAULT_TRACE_NAME, WorkloadError
+
+USER_ERRORS = (KvsimError, WorkloadError, EngineError)
+
+Opt = typer.Option
+
+
+def default_out(trace: str) -> Path:
+    stem = Path(trace).stem or "run"
+    return Path("runs") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def run_command(
+    trace: Annotated[
+        str | None,
+        typer.Argument(
+            help="Trace file (.json/.jsonl/.csv) or shipped trace name "
+            f"[default: {DEFAULT_TRACE_NAME}]"
+        ),
+    ] = None,
+    config_file: Annotated[
+        Path | None,
+        Opt("--config", help="Re-run a run folder's config.json (other options override it)"),
+    ] = None,
+    mode: Annotated[
+        str | None, Opt(help="cost: step times from the cost model; engine: the torch engine")
+    ] = None,
+    model: Annotated[
+        str | None,
+        Opt(help="Model preset or a Hugging Face config.json path [default: llama-2-7b]"),
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        Opt(help="GPU preset (a100-40gb, a100-80gb, h100-sxm, h200, l4) [default: a100-80gb]"),
+    ] = None,
+    gpu_spec: Annotated[Path | None, Opt(help="GPU spec JSON file instead of a preset")] = None,
+    tp: Annotated[int | None, Opt(help="Tensor-parallel GPUs [default: 1]")] = None,
+    coefficients: Annotated[
+        Path | None, Opt(help="Cost-model coefficient overrides (JSON)")
+    ] = None,
+    block_size: Annotated[int | None, Opt(help="Tokens per KV block [default: 16]")] = None,
+    num_blocks: Annotated[
+        int | None, Opt(help="KV blocks in the pool (default: planned from GPU memory)")
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, Opt(help="Share of GPU memory for weights, activations and KV [default: 0.9]")
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None, Opt(help="Most sequences in one batch [default: 256]")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, Opt(help="Most tokens in one prefill step [default: 8192]")
+    ] = None,
+    max_model_len: Annotated[
+        int | None, Opt(help="Longest sequence in tokens (default: the model's)")
+    ] = None,
+    watermark: Annotated[
+        float | None, Opt(help="Share of blocks kept free when admitting [default: 0.01]")
+    ] = None,
+    rate: Annotated[
+        float | None, Opt(help="Rescale arrivals to this mean rate (requests/s)")
+    ] = None,
+    time_scale: Annotated[float | None, Opt(help="Multiply arrival times by this factor")] = None,
+    concurrency: Annotated[
+        int | None, Opt(help="Closed loop: this many users, one request each in flight")
+    ] = None,
+    think_time: Annotated[
+        float | None, Opt(help="Closed loop: mean think time between a user's requests (s)")
+    ] = None,
+    seed: Annotated[int | None, Opt(help="Seed for every random choice [default: 0]")] = None,
+    until: Annotated[float | None, Opt(help="Stop at this simulated time (s)")] = None,
+    device: Annotated[str | None, Opt(help="Engine mode: cpu or cuda")] = None,
+    dtype: Annotated[str | None, Opt(help="Engine mode: float32, bfloat16 or float16")] = None,
+    out: Annotated[Path | None, Opt(help="Run folder [default: runs/<trace>-<timestamp>]")] = None,
+    no_plots: Annotated[bool, Opt("--no-plots", help="Skip the PNG plots")] = False,
+) -> None:
+    """Simulate a trace through the engine's BlockManager and Scheduler; write a run folder."""
+    options: dict[str, Any] = {
+        "trace": trace, "mode": mode, "model": model, "gpu": str(gpu_spec) if gpu_spec else gpu,
+        "tp": tp, "coefficients": str(coefficients) if coefficients else None,
+        "block_size": block_size, "num_blocks": num_blocks,
+        "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
+        "watermark": watermark, "rate": rate, "time_scale": time_scale,
+        "concurrency": concurrency, "think_time_s": think_time, "seed": seed, "until": until,
+        "device": device, "dtype": dtype,
+    }  # fmt: skip
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        if config_file is not None:
+            config = RunConfig.load(config_file).replace(**given)
+        else:
+            config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
+        result = _run_with_progress(config)
+        out_dir = out or default_out(config.trace)
+        from kvsim.run_folder import write_run
+
+        write_run(result, out_dir, plots=not no_plots)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    _print_summary(result.summary, out_dir)
+
+
+def _run_with_progress(config: RunConfig) -> Any:
+    from kvsim.runner import run
+
+    with Progress(
+        TextColumn("[bold]simulating[/bold]"),
+        BarColumn(),
+        TextColumn(
+            "{task.fields[sim_s]:>10.1f} s simulated  {task.completed:>8,.0f} requests done"
+        ),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("run", total=None, sim_s=0.0)
+
+        def progress(sim_s: float, done: int) -> None:
+            bar.update(task, completed=done, sim_s=sim_s)
+
+        return run(config, progress)
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}{unit}"
+    return f"{value:,}{unit}"
+
+
+def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
+    table = Table(title="kvsim run", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("requests (finished / rejected / aborted)",
+         f"{s['num_requests']:,} ({s['num_finished']:,} / {s['num_rejected']:,} / "
+         f"{s['num_aborted']:,})"),
+        ("KV pool", f"{s['num_blocks']:,} blocks x {s['block_size']} tokens"),
+        ("simulated time", _fmt(s["sim_duration_s"], " s")),
+        ("throughput", f"{s['throughput_requests_per_s']:.2f} req/s, "
+                       f"{s['throughput_output_tokens_per_s']:,.0f} output tok/s"),
+        ("TTFT p50 / p99", f"{_fmt(s['ttft_s']['p50'])} / {_fmt(s['ttft_s']['p99'])} s"),
+        ("TPOT p50 / p99", f"{_fmt(s['tpot_s']['p50'])} / {_fmt(s['tpot_s']['p99'])} s"),
+        ("end-to-end p50 / p99",
+         f"{_fmt(s['e2e_latency_s']['p50'])} / {_fmt(s['e2e_latency_s']['p99'])} s"),
+        ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
+        ("internal fragmentation (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
+        ("preemptions", f"{s['num_preemptions']:,}"),
+        ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
+        ("simulator wall time",
+         f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
+    ]  # fmt: skip
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"run folder: [bold]{out_dir}[/bold]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_command)

@@ -1,0 +1,56 @@
+"""Executors: how long a scheduled step takes, and which tokens it samples.
+
+The executor is the only thing that differs between cost mode and engine mode. The cost-mode
+executor predicts the step time from the roofline cost model; every count it needs is kept by
+the Scheduler and BlockManager, so it costs O(1) per decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from engine import Scheduler, SchedulerOutput, StepKind
+from kvsim.costmodel import CostModel, causal_pairs
+
+
+class Executor(Protocol):
+    """Runs (or predicts) one scheduled step."""
+
+    def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
+        """Return the step's duration (seconds) and one sampled token id per scheduled seq."""
+        ...
+
+
+class CostModelExecutor:
+    """Cost mode: step time from ``cost_model``; sampled tokens are placeholders (0), since
+    requests run with ignore_eos and stop at their trace's output length."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        self._zeros: list[int] = []
+
+    def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
+        """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
+        n = len(out.seqs)
+        if out.kind is StepKind.DECODE:
+            # Every running sequence decodes: its context is its cache plus this token, and
+            # every used block belongs to one of them.
+            return self.cost_model.step_time_of(
+                n,
+                n,
+                0,
+                scheduler.num_cached_tokens + n,
+                scheduler.block_manager.num_used_blocks,
+            )
+        pairs = 0
+        blocks = 0
+        for seq, new in zip(out.seqs, out.num_new_tokens):
+            pairs += causal_pairs(new, seq.cached_token_count)
+            blocks += len(seq.block_table)
+        return self.cost_model.step_time_of(n, out.num_batched_tokens, pairs, 0, blocks)
+
+    def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
+        n = len(out.seqs)
+        if len(self._zeros) < n:
+            self._zeros = [0] * n
+        return self.step_time(out, scheduler), self._zeros[:n]

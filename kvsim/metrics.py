@@ -1,0 +1,197 @@
+"""Metrics from the event stream: per-request, per-step and summary tables.
+
+Definitions and formulas live in docs/metrics.md. Everything here is computed from the
+recorder's events plus the per-step durations and filled-slot counts the clock measured;
+nothing reaches into the engine's objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine import EventKind, StepKind
+from kvsim.sim import SimResult
+
+PERCENTILES = (50, 90, 99)
+STATUS_BY_END_KIND = {
+    EventKind.FINISH: "finished",
+    EventKind.ABORT: "aborted",
+    EventKind.REJECT: "rejected",
+}
+EVENT_KIND_NAMES = [k.name for k in EventKind]
+STEP_KIND_NAMES = [str(k) for k in StepKind]
+
+
+def events_frame(result: SimResult) -> pd.DataFrame:
+    """events.parquet: one row per (event, block); events without blocks have block_id -1."""
+    cols, block_ids = result.recorder.columns()
+    counts = cols["num_blocks"]
+    rows = np.maximum(counts, 1)
+    expanded_blocks = np.full(int(rows.sum()), -1, dtype=np.int64)
+    # Rows of events that carry blocks take their ids in order; the rest keep -1.
+    has_blocks = np.repeat(counts > 0, rows)
+    expanded_blocks[has_blocks] = block_ids
+    return pd.DataFrame(
+        {
+            "time_s": np.repeat(cols["time_s"], rows),
+            "step": np.repeat(cols["step"], rows),
+            "kind": pd.Categorical.from_codes(np.repeat(cols["kind"], rows), EVENT_KIND_NAMES),
+            "seq_id": np.repeat(cols["seq_id"], rows),
+            "block_id": expanded_blocks,
+            "free_blocks": np.repeat(cols["free_blocks"], rows),
+            "num_tokens": np.repeat(cols["num_tokens"], rows),
+        }
+    )
+
+
+def steps_frame(result: SimResult) -> pd.DataFrame:
+    """steps.parquet: one row per executed step."""
+    steps = result.recorder.step_columns()
+    n = len(result.step_duration_s)
+    free = steps["free_blocks"][:n]
+    return pd.DataFrame(
+        {
+            "step": steps["step"][:n],
+            "time_s": steps["time_s"][:n],
+            "duration_s": result.step_duration_s,
+            "kind": pd.Categorical.from_codes(steps["kind"][:n], STEP_KIND_NAMES),
+            "num_seqs": steps["num_seqs"][:n],
+            "num_running": result.step_num_running,
+            "num_batched_tokens": steps["num_batched_tokens"][:n],
+            "free_blocks": free,
+            "allocated_slots": (result.num_blocks - free) * result.block_size,
+            "filled_slots": result.step_filled_slots,
+        }
+    )
+
+
+def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
+    """requests.parquet: one row per submitted request, in submission (seq_id) order."""
+    cols, _ = result.recorder.columns()
+    kind, seq_id, t = cols["kind"], cols["seq_id"], cols["time_s"]
+    n = len(result.requests)
+
+    def first_per_seq(mask: np.ndarray, values: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full(n, fill, dtype=values.dtype if fill != fill else np.float64)
+        ids, vals = seq_id[mask], values[mask]
+        # Reverse so the earliest event of each sequence is written last and wins.
+        out[ids[::-1]] = vals[::-1]
+        return out
+
+    arrival = first_per_seq(kind == EventKind.ARRIVE, t, np.nan)
+    admit_mask = kind == EventKind.ADMIT
+    admit_time = first_per_seq(admit_mask, t, np.nan)
+    admit_step = first_per_seq(admit_mask, cols["step"].astype(np.float64), np.nan)
+    step_end = pd.Series(
+        steps["time_s"].to_numpy() + steps["duration_s"].to_numpy(), index=steps["step"]
+    )
+    first_token = step_end.reindex(admit_step).to_numpy()
+    end_mask = np.isin(kind, list(STATUS_BY_END_KIND))
+    finish_time = first_per_seq(end_mask, t, np.nan)
+    end_kind = first_per_seq(end_mask, kind.astype(np.float64), np.nan)
+    end_tokens = first_per_seq(end_mask, cols["num_tokens"].astype(np.float64), np.nan)
+    preemptions = np.bincount(seq_id[kind == EventKind.PREEMPT], minlength=n)[:n]
+
+    prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64, n)
+    status = np.full(n, "unfinished", dtype=object)
+    for code, name in STATUS_BY_END_KIND.items():
+        status[end_kind == code] = name
+    generated = np.where(np.isnan(end_tokens), np.nan, end_tokens - prompt)
+    finished = status == "finished"
+    e2e = np.where(finished, finish_time - arrival, np.nan)
+    ttft = first_token - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(
+            finished & (generated > 1), (finish_time - first_token) / (generated - 1), np.nan
+        )
+    return pd.DataFrame(
+        {
+            "request_id": [r.request_id for r in result.requests],
+            "seq_id": np.arange(n, dtype=np.int64),
+            "arrival_time_s": arrival,
+            "prompt_tokens": prompt,
+            "output_tokens": np.fromiter((r.output_tokens for r in result.requests), np.int64, n),
+            "generated_tokens": generated,
+            "status": pd.Categorical(
+                status, categories=["finished", "aborted", "rejected", "unfinished"]
+            ),
+            "admit_time_s": admit_time,
+            "first_token_time_s": first_token,
+            "finish_time_s": finish_time,
+            "num_preemptions": preemptions.astype(np.int64),
+            "queueing_delay_s": admit_time - arrival,
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_latency_s": e2e,
+        }
+    )
+
+
+def _distribution(values: pd.Series) -> dict[str, float | None]:
+    v = values.dropna().to_numpy()
+    if len(v) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    return {
+        "mean": float(v.mean()),
+        **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES},
+    }
+
+
+def _time_weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    total = float(weights.sum())
+    return float((values * weights).sum() / total) if total > 0 else 0.0
+
+
+def summarize(result: SimResult, requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
+    """summary.json. Shares are of all KV slots; time averages are weighted by step duration."""
+    total_slots = result.num_blocks * result.block_size
+    finished = requests[requests["status"] == "finished"]
+    # The run spans from time 0 (the trace's start) to the last thing that happened.
+    duration = result.sim_end_s
+    weights = steps["duration_s"].to_numpy()
+    usage = steps["allocated_slots"].to_numpy() / total_slots
+    internal = (steps["allocated_slots"] - steps["filled_slots"]).to_numpy() / total_slots
+    output_tokens = float(finished["generated_tokens"].sum())
+    prompt_tokens = float(finished["prompt_tokens"].sum())
+    counts = requests["status"].value_counts()
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    num_steps = len(steps)
+    return {
+        "num_requests": len(requests),
+        "num_finished": int(counts.get("finished", 0)),
+        "num_rejected": int(counts.get("rejected", 0)),
+        "num_aborted": int(counts.get("aborted", 0)),
+        "num_unfinished": int(counts.get("unfinished", 0)),
+        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "block_size": result.block_size,
+        "num_blocks": result.num_blocks,
+        "sim_duration_s": duration,
+        "num_steps": num_steps,
+        "throughput_requests_per_s": rate(len(finished)),
+        "throughput_output_tokens_per_s": rate(output_tokens),
+        "throughput_total_tokens_per_s": rate(output_tokens + prompt_tokens),
+        "queueing_delay_s": _distribution(requests["queueing_delay_s"]),
+        "ttft_s": _distribution(requests["ttft_s"]),
+        "tpot_s": _distribution(requests["tpot_s"]),
+        "e2e_latency_s": _distribution(finished["e2e_latency_s"]),
+        "kv_usage_mean": _time_weighted_mean(usage, weights),
+        "kv_usage_peak": float(usage.max()) if num_steps else 0.0,
+        "internal_fragmentation_mean": _time_weighted_mean(internal, weights),
+        "mean_running_seqs": _time_weighted_mean(steps["num_running"].to_numpy(), weights),
+        "mean_batch_size": _time_weighted_mean(steps["num_seqs"].to_numpy(), weights),
+        "max_batch_size": int(steps["num_seqs"].max()) if num_steps else 0,
+        "busy_time_s": float(weights.sum()),
+        "wall_time_s": result.wall_time_s,
+        "sim_requests_per_wall_s": len(requests) / result.wall_time_s
+        if result.wall_time_s
+        else 0.0,
+        "sim_steps_per_wall_s": num_steps / result.wall_time_s if result.wall_time_s else 0.0,
+    }
+
+
+# Fields that measure the simulator itself, not the simulated system: they differ between
+# otherwise identical runs.
+WALL_CLOCK_FIELDS = ("wall_time_s", "sim_requests_per_wall_s", "sim_steps_per_wall_s")

@@ -1,0 +1,89 @@
+"""A run folder: config.json, summary.json, requests/steps/events.parquet, plots/.
+
+Written into a temporary folder and renamed into place, so a crash or a bad option never
+leaves a half-written run behind. Reading it back gives the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvsim.atomic import atomic_dir
+from kvsim.config import RunConfig
+from kvsim.errors import KvsimError
+from kvsim.runner import RunResult
+
+TABLES = ("requests", "steps", "events")
+FORMAT_VERSION = 1
+
+
+class RunFolderError(KvsimError):
+    """A run folder is missing a file or holds one that cannot be read."""
+
+
+def _json_bytes(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n").encode()
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    return value
+
+
+def write_run(result: RunResult, out: Path, *, plots: bool = True) -> Path:
+    """Write ``result`` to the folder ``out`` (replacing it atomically)."""
+    with atomic_dir(out) as tmp:
+        config = {
+            "kvsim_run": FORMAT_VERSION,
+            "options": result.config.to_dict(),
+            "resolved": result.resolved,
+        }
+        (tmp / "config.json").write_bytes(_json_bytes(config))
+        (tmp / "summary.json").write_bytes(_json_bytes(_nan_to_none(result.summary)))
+        for name in TABLES:
+            frame: pd.DataFrame = getattr(result, name)
+            frame.to_parquet(tmp / f"{name}.parquet", index=False, compression="zstd")
+        if plots:
+            from kvsim.plots import write_run_plots
+
+            marks = result.events[result.events["kind"].isin(["PREEMPT", "REJECT"])]
+            write_run_plots(result.steps, result.requests, result.summary, tmp / "plots", marks)
+    return out
+
+
+@dataclass(slots=True)
+class RunFolder:
+    """A run folder read back from disk."""
+
+    path: Path
+    config: RunConfig
+    resolved: dict[str, Any]
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    events: pd.DataFrame
+
+
+def read_run(path: Path) -> RunFolder:
+    """Read a run folder written by ``write_run``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise RunFolderError(f"{path}: not a run folder (no such directory)")
+    missing = [n for n in ("config.json", "summary.json") if not (path / n).is_file()]
+    missing += [f"{t}.parquet" for t in TABLES if not (path / f"{t}.parquet").is_file()]
+    if missing:
+        raise RunFolderError(f"{path}: not a run folder (missing {', '.join(missing)})")
+    config_path = path / "config.json"
+    config = RunConfig.load(config_path)
+    resolved = json.loads(config_path.read_text(encoding="utf-8")).get("resolved", {})
+    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    tables = {t: pd.read_parquet(path / f"{t}.parquet") for t in TABLES}
+    return RunFolder(path, config, resolved, summary, **tables)

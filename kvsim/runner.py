@@ -1,0 +1,124 @@
+"""One run, from a RunConfig to tables: load the trace, size the KV cache, simulate, measure."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine import BlockManager, SchedulerConfig
+from kvsim.config import ConfigError, RunConfig
+from kvsim.costmodel import (
+    CostModel,
+    load_coefficients,
+    plan_num_blocks,
+    resolve_gpu,
+    resolve_model,
+)
+from kvsim.executor import CostModelExecutor, Executor
+from kvsim.metrics import events_frame, requests_frame, steps_frame, summarize
+from kvsim.sim import Progress, SimSettings, Simulation
+from workloads import Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything a run folder holds, in memory."""
+
+    config: RunConfig
+    resolved: dict[str, Any]  # what the options resolved to (num_blocks, model, gpu, ...)
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    events: pd.DataFrame
+
+
+def load_workload(config: RunConfig) -> tuple[Path, Trace]:
+    """The trace named by ``config.trace`` (a path or a shipped name), rescaled as asked."""
+    path = resolve_trace(config.trace)
+    trace = load_trace(path)
+    if config.rate is not None:
+        trace = rescale_to_rate(trace, config.rate)
+    elif config.time_scale is not None:
+        trace = scale_time(trace, config.time_scale)
+    return path, trace
+
+
+def build_cost_model(config: RunConfig) -> CostModel:
+    coefficients = load_coefficients(Path(config.coefficients)) if config.coefficients else None
+    return CostModel(
+        resolve_model(config.model),
+        resolve_gpu(config.gpu),
+        tp=config.tp,
+        coefficients=coefficients,
+    )
+
+
+def resolve_num_blocks(config: RunConfig, cost_model: CostModel) -> tuple[int, dict[str, Any]]:
+    """``config.num_blocks`` if given, else planned from GPU memory as vLLM does."""
+    if config.num_blocks is not None:
+        return config.num_blocks, {"source": "--num-blocks"}
+    plan = plan_num_blocks(
+        cost_model.model,
+        cost_model.gpu,
+        config.block_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        tp=config.tp,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+    )
+    return plan.num_blocks, {"source": "planned from GPU memory", **dataclasses.asdict(plan)}
+
+
+def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
+    """Simulate ``config`` in cost mode (engine mode: see kvsim.engine_mode)."""
+    if config.mode != "cost":
+        raise ConfigError("engine mode is not available in this build; use --mode cost")
+    trace_path, trace = load_workload(config)
+    cost_model = build_cost_model(config)
+    num_blocks, plan = resolve_num_blocks(config, cost_model)
+    executor: Executor = CostModelExecutor(cost_model)
+    max_model_len = config.max_model_len or cost_model.model.max_model_len
+    resolved = {
+        "trace_path": str(trace_path),
+        "trace_name": trace.name,
+        "num_blocks": num_blocks,
+        "max_model_len": max_model_len,
+        "memory_plan": plan,
+        "cost_model": cost_model.describe(),
+    }
+    return simulate(config, trace, num_blocks, max_model_len, executor, resolved, progress)
+
+
+def simulate(
+    config: RunConfig,
+    trace: Trace,
+    num_blocks: int,
+    max_model_len: int | None,
+    executor: Executor,
+    resolved: dict[str, Any],
+    progress: Progress | None = None,
+) -> RunResult:
+    """Replay ``trace`` through a fresh BlockManager and Scheduler with ``executor``."""
+    block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+    )
+    settings = SimSettings(
+        concurrency=config.concurrency,
+        think_time_s=config.think_time_s,
+        seed=config.seed,
+        until=config.until,
+    )
+    sim = Simulation(trace.requests, block_manager, scheduler_config, executor, settings)
+    result = sim.run(progress)
+    steps = steps_frame(result)
+    requests = requests_frame(result, steps)
+    events = events_frame(result)
+    summary = summarize(result, requests, steps)
+    return RunResult(config, resolved, summary, requests, steps, events)

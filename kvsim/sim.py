@@ -1,0 +1,189 @@
+"""The clock: a simpy Environment with workload processes and one engine-loop process.
+
+    out = scheduler.schedule()            # who runs; the BlockManager allocates
+    dt, tokens = executor.execute(out)    # predicted (cost mode) or measured (engine mode)
+    yield env.timeout(dt)
+    scheduler.update(out, tokens)         # finish, free; events are stamped with env.now
+
+The simulator drives the engine's own Scheduler and BlockManager; it keeps no copy of their
+logic and no mirror of KV memory. An idle engine sleeps until the next arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from engine import (
+    BlockManager,
+    EventRecorder,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+)
+from kvsim.executor import Executor
+from workloads import Request, closed_loop, open_loop
+
+Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
+PROGRESS_EVERY_STEPS = 2048
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimSettings:
+    """What the clock needs beyond the engine: the workload shape and when to stop."""
+
+    concurrency: int | None = None  # closed loop with this many users; None: open loop
+    think_time_s: float = 0.0
+    seed: int = 0
+    until: float | None = None  # stop at this simulated time (seconds)
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What one simulation leaves behind: the event stream and per-step measurements."""
+
+    recorder: EventRecorder
+    requests: list[Request]  # in seq_id order, with the arrival times actually used
+    block_size: int
+    num_blocks: int
+    step_duration_s: np.ndarray  # one entry per non-empty step, in step order
+    step_filled_slots: np.ndarray  # tokens whose K/V is in the cache during the step
+    step_num_running: np.ndarray
+    sim_end_s: float
+    wall_time_s: float
+
+
+class Simulation:
+    """One replay of ``requests`` through ``scheduler`` with step times from ``executor``."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        block_manager: BlockManager,
+        scheduler_config: SchedulerConfig,
+        executor: Executor,
+        settings: SimSettings,
+        prompt_tokens_of: Callable[[Request], Seq[int]] | None = None,
+    ) -> None:
+        self.env = simpy.Environment()
+        env = self.env
+        self.recorder = EventRecorder(clock=lambda: env.now)
+        block_manager.event_sink = self.recorder
+        self.block_manager = block_manager
+        self.scheduler = Scheduler(scheduler_config, block_manager, self.recorder)
+        self.executor = executor
+        self.settings = settings
+        self.requests = requests
+        self._prompt_tokens_of = prompt_tokens_of
+        self._submitted: list[Request] = []
+        self._seq_of_request: dict[str, int] = {}
+        self._done: dict[int, simpy.Event] = {}
+        self._wake: simpy.Event | None = None
+        self._num_done = 0
+        self._durations: list[float] = []
+        self._filled: list[int] = []
+        self._running: list[int] = []
+
+    # --- the two callbacks the workload processes use ---------------------------------------
+
+    def submit(self, request: Request) -> simpy.Event:
+        seq_id = len(self._submitted)
+        self._submitted.append(request)
+        self._seq_of_request[request.request_id] = seq_id
+        prompt = (
+            self._prompt_tokens_of(request)
+            if self._prompt_tokens_of is not None
+            else range(request.prompt_tokens)  # cost mode: token values never matter
+        )
+        params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)
+        self.scheduler.add_request(Sequence(seq_id, prompt, params, float(self.env.now)))
+        done = self.env.event()
+        self._done[seq_id] = done
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        return done
+
+    def abort(self, request_id: str) -> None:
+        seq_id = self._seq_of_request.get(request_id)
+        if seq_id is not None and self.scheduler.abort(seq_id):
+            self._finish(seq_id)
+
+    def _finish(self, seq_id: int) -> None:
+        self._num_done += 1
+        self._done.pop(seq_id).succeed()
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
+        env, sched, executor = self.env, self.scheduler, self.executor
+        durations, filled, running = self._durations, self._filled, self._running
+        while True:
+            if not sched.has_unfinished():
+                self._wake = env.event()
+                yield self._wake
+                continue
+            out = sched.schedule()
+            if out.is_empty:
+                for seq in sched.update(out, []):
+                    self._finish(seq.seq_id)
+                if not out.rejected:  # nothing can run until something arrives
+                    self._wake = env.event()
+                    yield self._wake
+                continue
+            dt, tokens = executor.execute(out, sched)
+            durations.append(dt)
+            filled.append(sched.num_cached_tokens + out.num_batched_tokens)
+            running.append(sched.num_running)
+            yield env.timeout(dt)
+            for seq in sched.update(out, tokens):
+                self._finish(seq.seq_id)
+            if progress is not None and len(durations) % PROGRESS_EVERY_STEPS == 0:
+                progress(env.now, self._num_done)
+
+    def _workload(self) -> Generator[simpy.Event, Any, None]:
+        s = self.settings
+        if s.concurrency is None:
+            return open_loop(self.env, self.requests, self.submit, abort=self.abort)
+        rng = np.random.default_rng(s.seed)
+        return closed_loop(
+            self.env,
+            self.requests,
+            self.submit,
+            s.concurrency,
+            s.think_time_s,
+            rng,
+            abort=self.abort,
+        )
+
+    def run(self, progress: Progress | None = None) -> SimResult:
+        """Replay the workload to its end (or ``settings.until``) and return the result."""
+        env = self.env
+        start = time.perf_counter()
+        env.process(self._engine_loop(progress))
+        workload = env.process(self._workload())
+        stop: simpy.Event = workload
+        if self.settings.until is not None:
+            stop = env.any_of([workload, env.timeout(self.settings.until)])
+        env.run(until=stop)
+        wall = time.perf_counter() - start
+        if progress is not None:
+            progress(env.now, self._num_done)
+        self.recorder.flush()
+        return SimResult(
+            recorder=self.recorder,
+            requests=self._submitted,
+            block_size=self.block_manager.block_size,
+            num_blocks=self.block_manager.num_blocks,
+            step_duration_s=np.asarray(self._durations, dtype=np.float64),
+            step_filled_slots=np.asarray(self._filled, dtype=np.int64),
+            step_num_running=np.asarray(self._running, dtype=np.int64),
+            sim_end_s=float(env.now),
+            wall_time_s=wall,
+        )
