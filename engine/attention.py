@@ -5,10 +5,13 @@ concatenated in batch order. Sequence b has query_len q_b new tokens at position
 [c_b, c_b + q_b) and reads context_len = c_b + q_b keys through its block table
 (entry i holds tokens [i*block_size, (i+1)*block_size)).
 
-Both phases are vectorised over the batch: the K/V of every sequence is gathered through its
-block table into a padded [B, L, kv_heads, head_dim] tensor with one indexing op, and a boolean
-mask hides padding and future positions. Grouped-query attention never copies K/V per query head:
-the query heads of a group are folded into the query-row axis instead.
+- Decode (one new token per sequence) is vectorised over the batch: every sequence's K/V is
+  gathered through its block table into a padded [B, kv_heads, L, head_dim] view with one
+  index_select, and an additive mask hides each sequence's padding. The query heads of a GQA
+  group are folded into the query-row axis, so K/V are never copied per query head.
+- Prefill runs one fused SDPA call per sequence (the work is quadratic in its length, the loop
+  is not the cost): causal on this step's K/V when nothing is cached, and bottom-right causal
+  over the K/V gathered from the cache when the sequence resumes with cached tokens.
 """
 
 from __future__ import annotations
@@ -17,23 +20,49 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from engine.kv_cache import write_kv
 
 
+class GatherWorkspace:
+    """Reusable scratch rows for decode's K/V gathers, grown on demand.
+
+    Gathering into fresh tensors in every layer of every step makes the CPU allocator map and
+    page-fault megabytes each time (4x slower decode on CPU); one workspace per engine avoids it.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def rows(self, name: str, num_rows: int, like: torch.Tensor) -> torch.Tensor:
+        """A [num_rows, like.shape[1]] buffer with like's dtype and device (contents undefined)."""
+        buf = self._buffers.get(name)
+        if (
+            buf is None
+            or buf.shape[0] < num_rows
+            or buf.shape[1] != like.shape[1]
+            or buf.dtype != like.dtype
+            or buf.device != like.device
+        ):
+            size = num_rows + num_rows // 4  # headroom: batches grow step by step
+            buf = torch.empty(size, like.shape[1], dtype=like.dtype, device=like.device)
+            self._buffers[name] = buf
+        return buf[:num_rows]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionMetadata:
-    """Per-step index tensors shared by every layer (all on the model's device)."""
+    """Per-step index tensors shared by every layer (tensors on the model's device)."""
 
     is_decode: bool  # every sequence has exactly one new token
-    fresh_prefill: bool  # prefill with no cached tokens: attend to this step's K/V directly
     slot_mapping: torch.Tensor  # [T] int64, flat slot of every new token
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0 (masked)
-    context_lens: torch.Tensor  # [B] int64, keys each sequence reads (cached + new)
-    max_context_len: int  # keys gathered per sequence: max(context_lens)
-    max_query_len: int  # rows per sequence in the padded query layout
-    query_index: torch.Tensor  # [T] int64, row of each token in the padded [B * max_query_len]
-    attn_mask: torch.Tensor  # bool, decode [B, 1, 1, L]; prefill [B, 1, max_query_len * G, L]
+    max_context_len: int  # keys gathered per sequence in decode: max(context_lens)
+    decode_mask: torch.Tensor | None  # decode: additive 0 / -inf [B, 1, 1, max_context_len]
+    query_lens: tuple[int, ...]  # per sequence: new tokens this step
+    context_lens: tuple[int, ...]  # per sequence: cached + new tokens (keys it reads)
+    workspace: GatherWorkspace | None = None  # scratch for decode gathers
 
 
 def build_attention_metadata(
@@ -42,11 +71,14 @@ def build_attention_metadata(
     context_lens: list[int],
     block_tables: list[list[int]],
     slot_mapping: list[int],
-    block_size: int,
-    num_queries_per_kv: int,
     device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    workspace: GatherWorkspace | None = None,
 ) -> AttentionMetadata:
-    """Index tensors for one step. Lists are per sequence in batch order (counts in tokens)."""
+    """Index tensors for one step; lists are per sequence in batch order (counts in tokens).
+
+    The decode mask is additive and in the model's `dtype`, so SDPA uses it as is.
+    """
     if not (len(query_lens) == len(context_lens) == len(block_tables)) or not query_lens:
         raise ValueError(
             f"need one query_len, context_len and block table per sequence, got "
@@ -54,54 +86,53 @@ def build_attention_metadata(
         )
     if sum(query_lens) != len(slot_mapping):
         raise ValueError(f"slot_mapping has {len(slot_mapping)} slots for {sum(query_lens)} tokens")
-    batch = len(query_lens)
-    max_q, max_ctx = max(query_lens), max(context_lens)
-    is_decode = max_q == 1
-    fresh = not is_decode and all(q == c for q, c in zip(query_lens, context_lens))
+    bad = [(q, c) for q, c in zip(query_lens, context_lens) if not 1 <= q <= c]
+    if bad:
+        raise ValueError(f"(query_len, context_len) pairs {bad[:3]} break 1 <= query <= context")
+    max_ctx = max(context_lens)
+    is_decode = max(query_lens) == 1
     max_blocks = max(1, max(len(t) for t in block_tables))
     padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
-
-    ctx = torch.tensor(context_lens, dtype=torch.int64)
-    qlen = torch.tensor(query_lens, dtype=torch.int64)
-    # 1. mask over keys: key j valid iff j < context_len and j <= cached + query row.
-    key_len = max_q if fresh else max_ctx
-    keys = torch.arange(key_len)[None, None, :]  # [1, 1, L]
-    rows = torch.arange(max_q)[None, :, None]  # [1, max_q, 1]
-    cached = (ctx - qlen)[:, None, None]  # [B, 1, 1]
-    mask = (keys < ctx[:, None, None]) & (keys <= cached + rows)  # [B, max_q, L]
-    if not is_decode:
-        mask = mask.repeat_interleave(num_queries_per_kv, dim=1)  # [B, max_q * G, L]
-    # 2. position of each flat token in the padded query layout [B * max_q].
-    starts = torch.arange(batch, dtype=torch.int64) * max_q
-    query_index = torch.repeat_interleave(starts, qlen) + _ragged_arange(qlen)
+    decode_mask = None
+    if is_decode:
+        keys = torch.arange(max_ctx)[None, :]  # [1, L]
+        hidden = keys >= torch.tensor(context_lens)[:, None]  # [B, L]
+        mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+        decode_mask = mask[:, None, None, :].to(device)  # [B, 1, 1, L]
     return AttentionMetadata(
         is_decode=is_decode,
-        fresh_prefill=fresh,
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64).to(device),
         block_tables=torch.tensor(padded, dtype=torch.int64).to(device),
-        context_lens=ctx.to(device),
         max_context_len=max_ctx,
-        max_query_len=max_q,
-        query_index=query_index.to(device),
-        attn_mask=mask[:, None].to(device),  # [B, 1, rows, L]
+        decode_mask=decode_mask,
+        query_lens=tuple(query_lens),
+        context_lens=tuple(context_lens),
+        workspace=workspace,
     )
-
-
-def _ragged_arange(lengths: torch.Tensor) -> torch.Tensor:
-    """Concatenation of arange(n) for each n in lengths: [sum(lengths)]."""
-    offsets = torch.cumsum(lengths, 0) - lengths  # [B]
-    return torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
 
 
 # --- kernels ---------------------------------------------------------------------------------
 
 
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
-    """cache [N, bs, KVH, D] through block_tables [B, nb] -> [B, KVH, length, D] (a view)."""
+def gather_kv(
+    cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    length: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """cache [N, bs, KVH, D] through block_tables [B, nb] -> [B, KVH, length, D] (a view).
+
+    `out`, if given, receives the copied blocks: [B * nb, bs * KVH * D].
+    """
     batch, num_blocks = block_tables.shape
-    _, block_size, kv_heads, head_dim = cache.shape
-    gathered = cache[block_tables]  # [B, nb, bs, KVH, D]
-    flat = gathered.view(batch, num_blocks * block_size, kv_heads, head_dim)
+    total, block_size, kv_heads, head_dim = cache.shape
+    # one contiguous row per physical block: index_select copies whole blocks (memcpy-like)
+    pool = cache.view(total, -1)  # [N, bs*KVH*D]
+    index = block_tables.reshape(-1)  # [B*nb]
+    rows = (
+        pool.index_select(0, index) if out is None else torch.index_select(pool, 0, index, out=out)
+    )
+    flat = rows.view(batch, num_blocks * block_size, kv_heads, head_dim)
     return flat[:, :length].transpose(1, 2)  # [B, KVH, L, D]
 
 
@@ -111,13 +142,18 @@ def decode_attention(
     value_cache: torch.Tensor,
     meta: AttentionMetadata,
 ) -> torch.Tensor:
-    """query [B, H, D] (one token per sequence) -> [B, H, D]."""
+    """query [B, H, D] (one token per sequence, K/V already cached) -> [B, H, D]."""
     batch, heads, head_dim = query.shape
     kv_heads = key_cache.shape[2]
     q = query.view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, KVH, G, D]
-    k = gather_kv(key_cache, meta.block_tables, meta.max_context_len)  # [B, KVH, L, D]
-    v = gather_kv(value_cache, meta.block_tables, meta.max_context_len)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.attn_mask)  # [B, KVH, G, D]
+    tables, length, work = meta.block_tables, meta.max_context_len, meta.workspace
+    k_rows = v_rows = None
+    if work is not None:
+        k_rows = work.rows("key", tables.numel(), key_cache.view(key_cache.shape[0], -1))
+        v_rows = work.rows("value", tables.numel(), value_cache.view(value_cache.shape[0], -1))
+    k = gather_kv(key_cache, tables, length, k_rows)  # [B, KVH, L, D]
+    v = gather_kv(value_cache, tables, length, v_rows)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask)  # [B,KVH,G,D]
     return out.reshape(batch, heads, head_dim)
 
 
@@ -131,32 +167,33 @@ def prefill_attention(
 ) -> torch.Tensor:
     """query [T, H, D], this step's key/value [T, KVH, D] -> [T, H, D].
 
-    Causal within each sequence; a sequence with cached tokens also attends to all of them.
+    Causal within each sequence; a sequence with cached tokens also attends to all of them
+    (read from the cache, which already holds this step's K/V).
     """
-    num_tokens, heads, head_dim = query.shape
-    kv_heads = key.shape[1]
+    heads, kv_heads = query.shape[1], key.shape[1]
     group = heads // kv_heads
-    batch, max_q = meta.block_tables.shape[0], meta.max_query_len
-    rows = batch * max_q
-    q_pad = query.new_zeros(rows, heads, head_dim).index_copy_(0, meta.query_index, query)
-    q = q_pad.view(batch, max_q, kv_heads, group, head_dim).transpose(1, 2)  # [B,KVH,mq,G,D]
-    q = q.reshape(batch, kv_heads, max_q * group, head_dim)  # row = i * G + g
-    if meta.fresh_prefill:
-        k = _pad(key, meta.query_index, rows).view(batch, max_q, kv_heads, head_dim)
-        v = _pad(value, meta.query_index, rows).view(batch, max_q, kv_heads, head_dim)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, KVH, mq, D]
-    else:
-        k = gather_kv(key_cache, meta.block_tables, meta.max_context_len)  # [B, KVH, L, D]
-        v = gather_kv(value_cache, meta.block_tables, meta.max_context_len)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.attn_mask)  # [B,KVH,mq*G,D]
-    out = out.view(batch, kv_heads, max_q, group, head_dim).transpose(1, 2)  # [B,mq,KVH,G,D]
-    out = out.reshape(rows, heads, head_dim)
-    return out.index_select(0, meta.query_index)[:num_tokens]  # [T, H, D]
+    block_size = key_cache.shape[1]
+    outs = []
+    start = 0
+    for index, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
+        q = query[start : start + n].transpose(0, 1)  # [H, n, D]
+        if ctx == n:  # nothing cached: this step's K/V are the whole context
+            k = _per_query_head(key[start : start + n], group)  # [H, n, D]
+            v = _per_query_head(value[start : start + n], group)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [H, n, D]
+        else:  # resumed: keys [0, ctx) from the cache; query i sits at position ctx - n + i
+            table = meta.block_tables[index : index + 1, : -(-ctx // block_size)]  # [1, nb]
+            k = gather_kv(key_cache, table, ctx)[0].repeat_interleave(group, dim=0)  # [H,ctx,D]
+            v = gather_kv(value_cache, table, ctx)[0].repeat_interleave(group, dim=0)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx))
+        outs.append(out.transpose(0, 1))  # [n, H, D]
+        start += n
+    return torch.cat(outs) if len(outs) > 1 else outs[0].contiguous()
 
 
-def _pad(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
-    """Scatter flat x [T, ...] into zeros [rows, ...] at `index`."""
-    return x.new_zeros(rows, *x.shape[1:]).index_copy_(0, index, x)
+def _per_query_head(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [n, KVH, D] -> [KVH * group, n, D]: each K/V head repeated for its query heads."""
+    return x.transpose(0, 1).repeat_interleave(group, dim=0)
 
 
 def paged_attention(

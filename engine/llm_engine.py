@@ -172,7 +172,7 @@ class LLMEngine:
         finished = self._scheduler.update(output, sampled)
         seen = {s.seq_id for s in output.seqs}
         seqs = [*output.seqs, *(s for s in finished if s.seq_id not in seen)]
-        return [RequestOutput.from_sequence(s) for s in seqs if s.status.name != "WAITING"]
+        return [RequestOutput.from_sequence(s) for s in seqs]
 
     def generate(
         self,
@@ -190,7 +190,7 @@ class LLMEngine:
             params = [sampling_params or SamplingParams()] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         done: dict[int, RequestOutput] = {}
-        while self.has_unfinished() or len(done) < len(ids):
+        while self.has_unfinished():
             for out in self.step():
                 if out.finished:
                     done[out.request_id] = out

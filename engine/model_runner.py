@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, build_attention_metadata
+from engine.attention import AttentionMetadata, GatherWorkspace, build_attention_metadata
 from engine.events import StepKind
 from engine.kv_cache import KVCache
 from engine.models.llama import LlamaForCausalLM
@@ -37,6 +37,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.seed = seed
         self.device = model.model.embed_tokens.weight.device
+        self.workspace = GatherWorkspace()
 
     def prepare(self, output: SchedulerOutput) -> StepInputs:
         """Tensors for a non-empty SchedulerOutput (read before scheduler.update())."""
@@ -55,9 +56,9 @@ class ModelRunner:
             context_lens=output.context_lengths,
             block_tables=output.block_tables,
             slot_mapping=output.slot_mapping,
-            block_size=self.kv_cache.block_size,
-            num_queries_per_kv=self.model.config.num_queries_per_kv,
             device=self.device,
+            dtype=self.kv_cache.dtype,
+            workspace=self.workspace,
         )
         last = torch.tensor(num_new, dtype=torch.int64).cumsum(0) - 1  # [B]
         return StepInputs(

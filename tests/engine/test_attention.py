@@ -78,8 +78,6 @@ def _case(
         context_lens=context_lens,
         block_tables=tables,
         slot_mapping=slots,
-        block_size=block_size,
-        num_queries_per_kv=group,
         device=DEVICE,
     )
     out = paged_attention(query, key, value, key_cache, value_cache, meta)
@@ -124,8 +122,6 @@ def test_decode_ignores_slots_beyond_context_and_unowned_blocks() -> None:
         context_lens=[6, 13],
         block_tables=[[6, 1], [3, 0, 7, 4]],
         slot_mapping=[1 * 4 + 1, 4 * 4 + 0],
-        block_size=4,
-        num_queries_per_kv=2,
         device=DEVICE,
     )
     first = paged_attention(query, key, key, key_cache, value_cache, meta)
@@ -150,9 +146,8 @@ def test_half_precision_is_close_to_reference(dtype: torch.dtype) -> None:
         context_lens=ctx,
         block_tables=tables,
         slot_mapping=[2 * 4 + 2, 1 * 4 + 2],
-        block_size=4,
-        num_queries_per_kv=2,
         device=DEVICE,
+        dtype=dtype,
     )
     key = key_cache.view(-1, 2, HEAD_DIM)[meta.slot_mapping]
     value = value_cache.view(-1, 2, HEAD_DIM)[meta.slot_mapping]
