@@ -25,9 +25,17 @@ class CostModelExecutor:
     """Cost mode: step time from ``cost_model``; sampled tokens are placeholders (0), since
     requests run with ignore_eos and stop at their trace's output length."""
 
+    # The simulator may run several decode steps per call (engine/decode_run.py).
+    supports_decode_runs = True
+
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
         self._zeros: list[int] = []
+
+    def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
+        """Predicted seconds of a decode step of ``num_seqs`` sequences reading
+        ``context_tokens`` tokens of K/V through ``num_blocks`` block-table entries."""
+        return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_blocks)
 
     def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
         """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
@@ -35,12 +43,8 @@ class CostModelExecutor:
         if out.kind is StepKind.DECODE:
             # Every running sequence decodes: its context is its cache plus this token, and
             # every used block belongs to one of them.
-            return self.cost_model.step_time_of(
-                n,
-                n,
-                0,
-                scheduler.num_cached_tokens + n,
-                scheduler.block_manager.num_used_blocks,
+            return self.decode_step_time(
+                n, scheduler.num_cached_tokens + n, scheduler.block_manager.num_used_blocks
             )
         pairs = 0
         blocks = 0

@@ -114,6 +114,7 @@ def simulate(
         think_time_s=config.think_time_s,
         seed=config.seed,
         until=config.until,
+        multi_step=config.multi_step,
     )
     sim = Simulation(trace.requests, block_manager, scheduler_config, executor, settings)
     result = sim.run(progress)

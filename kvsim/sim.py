@@ -7,13 +7,17 @@
 
 The simulator drives the engine's own Scheduler and BlockManager; it keeps no copy of their
 logic and no mirror of KV memory. An idle engine sleeps until the next arrival.
+
+Speed: when the executor can predict decode steps ahead (cost mode), the loop hands the
+Scheduler whole runs of decode steps that end before the next external event (arrival,
+cancellation, ``until``); see engine/decode_run.py. The event stream is identical to
+step-by-step scheduling (tests/kvsim check this).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +32,14 @@ from engine import (
     SchedulerConfig,
     Sequence,
 )
+from engine.decode_run import advance_decode_run
 from kvsim.executor import Executor
-from workloads import Request, closed_loop, open_loop
+from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
-PROGRESS_EVERY_STEPS = 2048
+PROGRESS_EVERY_STEPS = 4096
+MAX_RUN_STEPS = 4096
+PLACEHOLDER_TOKEN = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +50,7 @@ class SimSettings:
     think_time_s: float = 0.0
     seed: int = 0
     until: float | None = None  # stop at this simulated time (seconds)
+    multi_step: bool = True  # decode runs when the executor supports them
 
 
 @dataclass(slots=True)
@@ -70,11 +78,10 @@ class Simulation:
         scheduler_config: SchedulerConfig,
         executor: Executor,
         settings: SimSettings,
-        prompt_tokens_of: Callable[[Request], Seq[int]] | None = None,
+        prompt_tokens_of: Callable[[Request], Any] | None = None,
     ) -> None:
         self.env = simpy.Environment()
-        env = self.env
-        self.recorder = EventRecorder(clock=lambda: env.now)
+        self.recorder = EventRecorder(clock=self._clock)
         block_manager.event_sink = self.recorder
         self.block_manager = block_manager
         self.scheduler = Scheduler(scheduler_config, block_manager, self.recorder)
@@ -82,18 +89,27 @@ class Simulation:
         self.settings = settings
         self.requests = requests
         self._prompt_tokens_of = prompt_tokens_of
+        self._closed_loop = settings.concurrency is not None
         self._submitted: list[Request] = []
         self._seq_of_request: dict[str, int] = {}
-        self._done: dict[int, simpy.Event] = {}
+        self._done: dict[int, simpy.Event] = {}  # closed loop only: what users wait on
         self._wake: simpy.Event | None = None
+        self._all_submitted = False
         self._num_done = 0
         self._durations: list[float] = []
         self._filled: list[int] = []
         self._running: list[int] = []
+        # Decode runs stamp events with each step's own time instead of env.now.
+        self._run_time: float | None = None
+        self._run_limit = 0.0
+        self._run_dt = 0.0
+
+    def _clock(self) -> float:
+        return self.env.now if self._run_time is None else self._run_time
 
     # --- the two callbacks the workload processes use ---------------------------------------
 
-    def submit(self, request: Request) -> simpy.Event:
+    def submit(self, request: Request) -> simpy.Event | None:
         seq_id = len(self._submitted)
         self._submitted.append(request)
         self._seq_of_request[request.request_id] = seq_id
@@ -104,10 +120,12 @@ class Simulation:
         )
         params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)
         self.scheduler.add_request(Sequence(seq_id, prompt, params, float(self.env.now)))
-        done = self.env.event()
-        self._done[seq_id] = done
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+        if not self._closed_loop:
+            return None
+        done = self.env.event()
+        self._done[seq_id] = done
         return done
 
     def abort(self, request_id: str) -> None:
@@ -117,18 +135,58 @@ class Simulation:
 
     def _finish(self, seq_id: int) -> None:
         self._num_done += 1
-        self._done.pop(seq_id).succeed()
+        if self._closed_loop:
+            self._done.pop(seq_id).succeed()
 
     # --- processes ---------------------------------------------------------------------------
+
+    def _open_loop(self) -> Generator[simpy.Event, Any, None]:
+        """Submit each request at its arrival time; schedule its cancellation, if any."""
+        env = self.env
+        for request in self.requests:
+            delay = request.arrival_time_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            self.submit(request)
+            if request.cancel_after_s is not None:
+                deadline = env.timeout(request.cancel_after_s)
+                deadline.callbacks.append(lambda _, rid=request.request_id: self.abort(rid))
+        self._all_submitted = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _closed_loop_workload(self) -> Generator[simpy.Event, Any, None]:
+        s = self.settings
+        assert s.concurrency is not None
+        yield from closed_loop(
+            self.env,
+            self.requests,
+            self.submit,  # type: ignore[arg-type]  # returns an event in closed loop
+            s.concurrency,
+            s.think_time_s,
+            np.random.default_rng(s.seed),
+            abort=self.abort,
+        )
+        self._all_submitted = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
 
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, sched, executor = self.env, self.scheduler, self.executor
         durations, filled, running = self._durations, self._filled, self._running
+        decode_runs = self.settings.multi_step and getattr(executor, "supports_decode_runs", False)
+        next_progress = PROGRESS_EVERY_STEPS
         while True:
             if not sched.has_unfinished():
+                if self._all_submitted:
+                    return
                 self._wake = env.event()
                 yield self._wake
                 continue
+            if decode_runs:
+                num_steps = yield from self._decode_run()
+                if num_steps:
+                    continue
             out = sched.schedule()
             if out.is_empty:
                 for seq in sched.update(out, []):
@@ -144,33 +202,70 @@ class Simulation:
             yield env.timeout(dt)
             for seq in sched.update(out, tokens):
                 self._finish(seq.seq_id)
-            if progress is not None and len(durations) % PROGRESS_EVERY_STEPS == 0:
+            if progress is not None and len(durations) >= next_progress:
+                next_progress += PROGRESS_EVERY_STEPS
                 progress(env.now, self._num_done)
 
-    def _workload(self) -> Generator[simpy.Event, Any, None]:
-        s = self.settings
-        if s.concurrency is None:
-            return open_loop(self.env, self.requests, self.submit, abort=self.abort)
-        rng = np.random.default_rng(s.seed)
-        return closed_loop(
-            self.env,
-            self.requests,
-            self.submit,
-            s.concurrency,
-            s.think_time_s,
-            rng,
-            abort=self.abort,
+    # --- decode runs ---------------------------------------------------------------------------
+
+    def fits(self, num_seqs: int, context_tokens: int, num_blocks: int) -> bool:
+        """DecodeRunHooks: whether the step would end before the next external event, so
+        nothing could change the batch in between."""
+        assert self._run_time is not None
+        dt: float = self.executor.decode_step_time(  # type: ignore[attr-defined]
+            num_seqs, context_tokens, num_blocks
         )
+        self._run_dt = dt
+        return self._run_time + dt < self._run_limit
+
+    def begin_step(self, num_seqs: int, context_tokens: int, num_blocks: int) -> bool:
+        """DecodeRunHooks: record the step if it fits; its events are stamped with its start."""
+        if not self.fits(num_seqs, context_tokens, num_blocks):
+            return False
+        dt = self._run_dt
+        self._durations.append(dt)
+        self._filled.append(context_tokens)
+        self._running.append(num_seqs)
+        return True
+
+    def end_step(self) -> None:
+        """DecodeRunHooks: the step's compute is over; its update happens at its end time."""
+        assert self._run_time is not None
+        self._run_time += self._run_dt  # the same float sum as env.now + dt step by step
+
+    def _decode_run(self) -> Generator[simpy.Event, Any, int]:
+        env = self.env
+        self._run_time = env.now
+        self._run_limit = env.peek()
+        first = len(self._durations)
+        try:
+            num_steps, finished = advance_decode_run(
+                self.scheduler,
+                self,
+                max_steps=MAX_RUN_STEPS,
+                token=PLACEHOLDER_TOKEN,
+                stop_at_finish=self._closed_loop,
+            )
+        finally:
+            self._run_time = None
+        # Let simulated time pass step by step, so env.now follows the same float additions
+        # as step-by-step scheduling; nothing else is due before the run's end.
+        for dt in self._durations[first:]:
+            yield env.timeout(dt)
+        for seq in finished:
+            self._finish(seq.seq_id)
+        return num_steps
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay the workload to its end (or ``settings.until``) and return the result."""
         env = self.env
         start = time.perf_counter()
-        env.process(self._engine_loop(progress))
-        workload = env.process(self._workload())
-        stop: simpy.Event = workload
+        engine = env.process(self._engine_loop(progress))
+        workload = self._closed_loop_workload() if self._closed_loop else self._open_loop()
+        env.process(workload)
+        stop: simpy.Event = engine
         if self.settings.until is not None:
-            stop = env.any_of([workload, env.timeout(self.settings.until)])
+            stop = env.any_of([engine, env.timeout(self.settings.until)])
         env.run(until=stop)
         wall = time.perf_counter() - start
         if progress is not None:
