@@ -93,7 +93,11 @@ def advance_decode_run(
     needs_by_residue: list[list[int]] = [[] for _ in range(bs)]
     for i, (s, c) in enumerate(zip(running, cached0)):
         finish_step.setdefault(s._finish_cached_count - c - 1, []).append(i)
-        needs_by_residue[-c % bs].append(i)
+        # The first token beyond the table starts a new block; a table may reach further
+        # than the cache (an allocator that reserves ahead), so count from its end.
+        first_need = len(s.block_table) * bs - c
+        if first_need < max_steps:
+            needs_by_residue[first_need % bs].append(i)
     alive = [True] * len(running)
     num_alive = len(running)
     sum_cached_alive = scheduler.num_cached_tokens
@@ -103,7 +107,11 @@ def advance_decode_run(
     steps = 0
     while steps < max_steps and num_alive:
         j = steps
-        needing = [i for i in needs_by_residue[j % bs] if alive[i]]
+        needing = [
+            i
+            for i in needs_by_residue[j % bs]
+            if alive[i] and len(running[i].block_table) * bs <= j + cached0[i]
+        ]
         if len(needing) > len(free):
             break  # this step would preempt: leave it to schedule()
         context = sum_cached_alive + num_alive

@@ -199,9 +199,10 @@ class Scheduler:
         # Popping victims off the end while iterating is deliberate: the loop then simply
         # stops earlier, and victims are always sequences it has not reached yet (or s).
         for s in running:
-            offset = s.cached_token_count % bs
-            if offset:  # the common case: the token lands in the last, partly filled block
-                append(s.block_table[-1] * bs + offset)
+            c = s.cached_token_count
+            offset = c % bs
+            if offset:  # the common case: the token lands in a block the table already has
+                append(s.block_table[c // bs] * bs + offset)
                 continue
             if bm.get_num_free_blocks() == 0 and not self._make_room(s, preempted, rejected):
                 break
