@@ -1,0 +1,78 @@
+"""Shared fixtures for the simulator tests: a toy executor with hand-checkable step times, and
+runs of the shipped default trace that several test modules read (computed once per session)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from engine import Scheduler, SchedulerOutput, StepKind
+from kvsim.config import RunConfig
+from kvsim.runner import RunResult, run, simulate
+from workloads import DEFAULT_TRACE_NAME, Request, Trace
+
+# A pool small enough that the default trace preempts (about 200 times) and that 18 prompts
+# do not fit, yet large enough that every admitted request can grow to its last token alone
+# (test_rejected_requests_are_exactly_those_that_can_never_fit checks that premise).
+PRESSURED_NUM_BLOCKS = 240
+
+
+class ToyExecutor:
+    """Prefill steps take 1 s + 1/16 s per batched token, decode steps 1/4 s; every sampled
+    token is 0. Powers of two keep every simulated time exact in binary floating point, so
+    hand-computed timelines compare with ``==``."""
+
+    def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
+        if out.kind is StepKind.PREFILL:
+            return 1.0 + out.num_batched_tokens / 16, [0] * len(out.seqs)
+        return 0.25, [0] * len(out.seqs)
+
+
+ToySim = Callable[..., RunResult]
+
+
+@pytest.fixture
+def toy_sim() -> ToySim:
+    """``toy_sim(requests, num_blocks=..., block_size=..., **options)``: simulate ``requests``
+    (tuples ``(arrival_s, prompt, output)`` or ``(arrival_s, prompt, output, cancel_after_s)``,
+    ids "r0", "r1", ...) with the ToyExecutor, watermark 0 and no max_model_len."""
+
+    def _simulate(
+        requests: list[tuple[Any, ...]], *, num_blocks: int, block_size: int, **options: Any
+    ) -> RunResult:
+        records = [
+            Request(
+                request_id=f"r{i}",
+                arrival_time_s=float(r[0]),
+                prompt_tokens=r[1],
+                output_tokens=r[2],
+                cancel_after_s=r[3] if len(r) > 3 else None,
+            )
+            for i, r in enumerate(requests)
+        ]
+        trace = Trace(name="toy", hash_block_size=None, requests=records)
+        config = RunConfig(
+            trace="toy", block_size=block_size, num_blocks=num_blocks, watermark=0.0, **options
+        )
+        return simulate(config, trace, num_blocks, None, ToyExecutor(), {})
+
+    return _simulate
+
+
+@pytest.fixture(scope="session")
+def planned_run() -> RunResult:
+    """The shipped default trace on llama-2-7b / a100-80gb, pool planned from GPU memory."""
+    return run(RunConfig(trace=DEFAULT_TRACE_NAME))
+
+
+@pytest.fixture(scope="session")
+def pressured_config() -> RunConfig:
+    return RunConfig(trace=DEFAULT_TRACE_NAME, num_blocks=PRESSURED_NUM_BLOCKS, watermark=0.0)
+
+
+@pytest.fixture(scope="session")
+def pressured_run(pressured_config: RunConfig) -> RunResult:
+    """The shipped default trace on llama-2-7b / a100-80gb with a 240-block pool."""
+    return run(pressured_config)
