@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.attention import build_attention_metadata, decode_attention
+from engine.attention import GatherWorkspace, build_attention_metadata, decode_attention
 from engine.loader import resolve_dtype
 
 
@@ -84,6 +84,7 @@ def main() -> None:
         slot_mapping=[t[(ctx - 1) // bs] * bs + (ctx - 1) % bs for t in tables],
         device=device,
         dtype=dtype,
+        workspace=GatherWorkspace(),  # as the engine does
     )
 
     with torch.inference_mode():
