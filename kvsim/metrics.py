@@ -88,9 +88,13 @@ def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
     step_end = pd.Series(
         steps["time_s"].to_numpy() + steps["duration_s"].to_numpy(), index=steps["step"]
     )
-    first_token = step_end.reindex(admit_step).to_numpy()
+    first_token = step_end.reindex(admit_step).to_numpy(copy=True)
     end_mask = np.isin(kind, list(STATUS_BY_END_KIND))
     finish_time = first_per_seq(end_mask, t, np.nan)
+    # The admit step's token exists only if the request was still there when the step
+    # ended: not when it was aborted mid-step, nor when the run stopped (--until) first.
+    lost = (first_token > finish_time) | (first_token > result.sim_end_s)
+    first_token[lost] = np.nan
     end_kind = first_per_seq(end_mask, kind.astype(np.float64), np.nan)
     end_tokens = first_per_seq(end_mask, cols["num_tokens"].astype(np.float64), np.nan)
     preemptions = np.bincount(seq_id[kind == EventKind.PREEMPT], minlength=n)[:n]
@@ -151,7 +155,9 @@ def summarize(result: SimResult, requests: pd.DataFrame, steps: pd.DataFrame) ->
     finished = requests[requests["status"] == "finished"]
     # The run spans from time 0 (the trace's start) to the last thing that happened.
     duration = result.sim_end_s
-    weights = steps["duration_s"].to_numpy()
+    # A step still running when --until stopped the run counts only up to the stop.
+    start = steps["time_s"].to_numpy()
+    weights = np.minimum(start + steps["duration_s"].to_numpy(), duration) - start
     usage = steps["allocated_slots"].to_numpy() / total_slots
     internal = (steps["allocated_slots"] - steps["filled_slots"]).to_numpy() / total_slots
     output_tokens = float(finished["generated_tokens"].sum())

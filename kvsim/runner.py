@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from engine import BlockManager, SchedulerConfig
-from kvsim.config import ConfigError, RunConfig
+from engine import BlockManager, Scheduler, SchedulerConfig
+from kvsim.config import RunConfig
 from kvsim.costmodel import (
     CostModel,
     load_coefficients,
@@ -21,7 +22,7 @@ from kvsim.costmodel import (
 from kvsim.executor import CostModelExecutor, Executor
 from kvsim.metrics import events_frame, requests_frame, steps_frame, summarize
 from kvsim.sim import Progress, SimSettings, Simulation
-from workloads import Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
+from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
 
 @dataclass(slots=True)
@@ -74,9 +75,11 @@ def resolve_num_blocks(config: RunConfig, cost_model: CostModel) -> tuple[int, d
 
 
 def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
-    """Simulate ``config`` in cost mode (engine mode: see kvsim.engine_mode)."""
-    if config.mode != "cost":
-        raise ConfigError("engine mode is not available in this build; use --mode cost")
+    """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode."""
+    if config.mode == "engine":
+        from kvsim.engine_mode import run_engine_mode
+
+        return run_engine_mode(config, progress)
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     num_blocks, plan = resolve_num_blocks(config, cost_model)
@@ -101,14 +104,21 @@ def simulate(
     executor: Executor,
     resolved: dict[str, Any],
     progress: Progress | None = None,
+    *,
+    scheduler: Scheduler | None = None,
+    prompt_tokens_of: Callable[[Request], Any] | None = None,
 ) -> RunResult:
-    """Replay ``trace`` through a fresh BlockManager and Scheduler with ``executor``."""
-    block_manager = BlockManager(num_blocks, config.block_size, config.watermark)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-    )
+    """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
+    and BlockManager built from ``config``, ``num_blocks`` and ``max_model_len``)."""
+    if scheduler is None:
+        scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=max_model_len,
+            ),
+            BlockManager(num_blocks, config.block_size, config.watermark),
+        )
     settings = SimSettings(
         concurrency=config.concurrency,
         think_time_s=config.think_time_s,
@@ -116,7 +126,7 @@ def simulate(
         until=config.until,
         multi_step=config.multi_step,
     )
-    sim = Simulation(trace.requests, block_manager, scheduler_config, executor, settings)
+    sim = Simulation(trace.requests, scheduler, executor, settings, prompt_tokens_of)
     result = sim.run(progress)
     steps = steps_frame(result)
     requests = requests_frame(result, steps)

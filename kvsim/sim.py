@@ -24,14 +24,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from engine import (
-    BlockManager,
-    EventRecorder,
-    SamplingParams,
-    Scheduler,
-    SchedulerConfig,
-    Sequence,
-)
+from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.decode_run import advance_decode_run
 from kvsim.executor import Executor
 from workloads import Request, closed_loop
@@ -74,17 +67,22 @@ class Simulation:
     def __init__(
         self,
         requests: list[Request],
-        block_manager: BlockManager,
-        scheduler_config: SchedulerConfig,
+        scheduler: Scheduler,
         executor: Executor,
         settings: SimSettings,
         prompt_tokens_of: Callable[[Request], Any] | None = None,
     ) -> None:
+        """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
+        recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
+        ids (engine mode); without it prompts are ``range(prompt_tokens)``."""
+        if scheduler.has_unfinished() or scheduler.step:
+            raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
         self.recorder = EventRecorder(clock=self._clock)
-        block_manager.event_sink = self.recorder
-        self.block_manager = block_manager
-        self.scheduler = Scheduler(scheduler_config, block_manager, self.recorder)
+        scheduler.event_sink = self.recorder
+        scheduler.block_manager.event_sink = self.recorder
+        self.block_manager: BlockManager = scheduler.block_manager
+        self.scheduler = scheduler
         self.executor = executor
         self.settings = settings
         self.requests = requests

@@ -344,12 +344,6 @@ def test_cancelled_requests_are_aborted_and_their_blocks_freed_at_once(toy_sim: 
     assert s["sim_duration_s"] == 3.125  # r2's pending patience timer does not extend the run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="metrics.requests_frame gives a request aborted during its first prefill step a "
-    "first_token_time_s (the end of that step, after the abort) and a TTFT, though it never "
-    "produced a token",
-)
 def test_request_aborted_before_its_first_token_has_no_ttft(toy_sim: ToySim) -> None:
     result = toy_sim(CANCEL, num_blocks=8, block_size=4)
     r1 = result.requests.set_index("request_id").loc["r1"]
@@ -377,12 +371,6 @@ def test_until_stops_the_run_and_leaves_requests_unfinished(toy_sim: ToySim) -> 
     assert s["e2e_latency_s"]["p50"] is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with --until inside a prefill step, requests admitted by that step get a "
-    "first_token_time_s (the step's end) after the run's end, and a TTFT for a token the "
-    "simulation never produced",
-)
 def test_until_inside_a_prefill_gives_no_first_token_after_the_end(toy_sim: ToySim) -> None:
     # stop at 2.0, inside step 2 (1.375 - 2.875) which prefills r1 and r2
     result = toy_sim(OVERLAP, num_blocks=8, block_size=4, until=2.0)

@@ -1,0 +1,151 @@
+"""Engine mode: the real torch engine runs every step; simulated time advances by the measured
+wall time of each step (synchronised on CUDA).
+
+The simulation drives the LLMEngine's own Scheduler and BlockManager, so cost mode and engine
+mode differ only in the executor. Requests get deterministic prompt token ids: the same seed,
+request id and hash_ids always give the same tokens, and requests that share a prefix of
+hash_ids share those tokens (so a prefix cache would see real prefix hits).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Sequence as TokenIds
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine import Scheduler, SchedulerOutput
+from kvsim.config import ConfigError, RunConfig
+from kvsim.sim import Progress
+from workloads import Request
+
+if TYPE_CHECKING:
+    from engine import LLMEngine
+    from kvsim.runner import RunResult
+
+# Token ids stay clear of the few lowest ids (often BOS/EOS/PAD in real vocabularies).
+FIRST_TOKEN_ID = 3
+
+
+class PromptTokens:
+    """Deterministic prompt token ids for trace requests on a ``vocab_size`` vocabulary."""
+
+    def __init__(self, vocab_size: int, seed: int, hash_block_size: int | None) -> None:
+        if vocab_size <= FIRST_TOKEN_ID:
+            raise ConfigError(f"vocabulary of {vocab_size} tokens is too small for engine mode")
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.hash_block_size = hash_block_size
+        self._blocks: dict[int, np.ndarray] = {}
+
+    def _draw(self, key: int, n: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, key])
+        return rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=n, dtype=np.int64)
+
+    def __call__(self, request: Request) -> list[int]:
+        n = request.prompt_tokens
+        if request.hash_ids and self.hash_block_size:
+            size = self.hash_block_size
+            parts = []
+            for h in request.hash_ids:
+                block = self._blocks.get(h)
+                if block is None:
+                    block = self._blocks[h] = self._draw(h & 0x7FFFFFFFFFFFFFFF, size)
+                parts.append(block)
+            tokens = np.concatenate(parts)[:n]
+            if len(tokens) < n:  # hash_ids cover fewer tokens than the prompt: pad per request
+                tokens = np.concatenate([tokens, self._request_tokens(request, n - len(tokens))])
+        else:
+            tokens = self._request_tokens(request, n)
+        return tokens.tolist()
+
+    def _request_tokens(self, request: Request, n: int) -> np.ndarray:
+        # crc32 of the id (not hash()) so the tokens do not change between Python processes.
+        return self._draw(1 << 40 | zlib.crc32(request.request_id.encode()), n)
+
+
+class EngineExecutor:
+    """Runs each scheduled step on the LLMEngine's model and measures it (seconds)."""
+
+    supports_decode_runs = False
+
+    def __init__(self, llm: LLMEngine) -> None:
+        self.llm = llm
+        self._cuda = llm.kv_cache.key_cache[0].device.type == "cuda"
+
+    def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
+        import torch
+
+        start = time.perf_counter()
+        tokens = self.llm.execute_model(out)
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, tokens
+
+
+def build_llm(config: RunConfig) -> LLMEngine:
+    """The LLMEngine for ``config`` (model preset or checkpoint folder, device, dtype)."""
+    from engine import LLMEngine
+
+    try:
+        return LLMEngine(
+            config.model,
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
+            device=config.device,
+            dtype=config.dtype,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            seed=config.seed,
+        )
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise ConfigError(f"engine mode: cannot build model {config.model!r}: {exc}") from None
+
+
+def run_engine_mode(config: RunConfig, progress: Progress | None = None) -> RunResult:
+    """Replay ``config``'s trace through the torch engine, timing every step."""
+    from kvsim.runner import load_workload, simulate
+
+    if config.watermark:
+        # The LLMEngine's BlockManager keeps no watermark; say so rather than ignore it.
+        config = config.replace(watermark=0.0)
+    trace_path, trace = load_workload(config)
+    llm = build_llm(config)
+    scheduler = llm.scheduler
+    block_manager = llm.block_manager
+    resolved: dict[str, Any] = {
+        "trace_path": str(trace_path),
+        "trace_name": trace.name,
+        "num_blocks": block_manager.num_blocks,
+        "max_model_len": scheduler.config.max_model_len,
+        "engine": {
+            "model": config.model,
+            "device": str(llm.kv_cache.key_cache[0].device),
+            "dtype": config.dtype,
+            "kv_cache_bytes": llm.kv_cache.num_bytes,
+            "watermark": 0.0,
+        },
+    }
+    tokens_of = PromptTokens(llm.model_config.vocab_size, config.seed, trace.hash_block_size)
+    return simulate(
+        config,
+        trace,
+        block_manager.num_blocks,
+        scheduler.config.max_model_len,
+        EngineExecutor(llm),
+        resolved,
+        progress,
+        scheduler=scheduler,
+        prompt_tokens_of=tokens_of,
+    )
+
+
+def prompt_token_ids(
+    requests: list[Request], vocab_size: int, seed: int = 0, hash_block_size: int | None = None
+) -> list[TokenIds[int]]:
+    """The prompt token ids engine mode gives ``requests`` (for notebooks and tests)."""
+    tokens_of = PromptTokens(vocab_size, seed, hash_block_size)
+    return [tokens_of(r) for r in requests]
