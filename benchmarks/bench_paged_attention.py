@@ -82,6 +82,7 @@ def main() -> None:
         context_lens=[ctx] * batch,
         block_tables=tables,
         slot_mapping=[t[(ctx - 1) // bs] * bs + (ctx - 1) % bs for t in tables],
+        block_size=bs,
         device=device,
         dtype=dtype,
         workspace=GatherWorkspace(),  # as the engine does

@@ -57,7 +57,7 @@ class AttentionMetadata:
 
     is_decode: bool  # every sequence has exactly one new token
     slot_mapping: torch.Tensor  # [T] int64, flat slot of every new token
-    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0 (masked)
+    block_tables: torch.Tensor  # [B, max_blocks] int64, context blocks, padded with block 0
     max_context_len: int  # keys gathered per sequence in decode: max(context_lens)
     decode_mask: torch.Tensor | None  # decode: additive 0 / -inf [B, 1, 1, max_context_len]
     query_lens: tuple[int, ...]  # per sequence: new tokens this step
@@ -71,6 +71,7 @@ def build_attention_metadata(
     context_lens: list[int],
     block_tables: list[list[int]],
     slot_mapping: list[int],
+    block_size: int,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     workspace: GatherWorkspace | None = None,
@@ -91,8 +92,12 @@ def build_attention_metadata(
         raise ValueError(f"(query_len, context_len) pairs {bad[:3]} break 1 <= query <= context")
     max_ctx = max(context_lens)
     is_decode = max(query_lens) == 1
-    max_blocks = max(1, max(len(t) for t in block_tables))
-    padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+    # only the blocks holding context: an allocator may have reserved more ahead
+    needed = [-(-c // block_size) for c in context_lens]
+    if any(len(t) < n for t, n in zip(block_tables, needed)):
+        raise ValueError(f"a block table is shorter than its context of {context_lens} tokens")
+    max_blocks = max(needed)
+    padded = [t[:n] + [0] * (max_blocks - n) for t, n in zip(block_tables, needed)]
     decode_mask = None
     if is_decode:
         keys = torch.arange(max_ctx)[None, :]  # [1, L]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from engine.errors import EngineError
 
-class KVCacheError(ValueError):
+
+class KVCacheError(EngineError, ValueError):
     """An impossible pool size: names the field and the bad value."""
 
 

@@ -8,7 +8,7 @@ itself instead of `step()`.
 from __future__ import annotations
 
 from collections.abc import Sequence as TokenIds
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -140,16 +140,29 @@ class LLMEngine:
         sampling_params: SamplingParams | None = None,
         arrival_time: float = 0.0,
     ) -> int:
-        """Queue a prompt; returns its request id (0, 1, 2, ... per engine)."""
+        """Queue a prompt; returns its request id (0, 1, 2, ... per engine).
+
+        Unless the request sets `eos_token_id` or `ignore_eos`, it stops at the checkpoint's
+        EOS ids (config.json `eos_token_id`; presets have none).
+        """
         vocab = self._model.config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         request_id = self._next_request_id
         self._next_request_id += 1
-        seq = Sequence(request_id, list(prompt_token_ids), sampling_params, arrival_time)
+        params = self._with_model_eos(sampling_params or SamplingParams())
+        seq = Sequence(request_id, list(prompt_token_ids), params, arrival_time)
         self._scheduler.add_request(seq)
         return request_id
+
+    def _with_model_eos(self, params: SamplingParams) -> SamplingParams:
+        """Fill in the checkpoint's EOS ids (config.json) when the request names none."""
+        eos = self._model.config.eos_token_ids
+        if params.eos_token_id is not None or params.ignore_eos or not eos:
+            return params
+        extra = tuple(t for t in eos[1:] if t not in params.stop_token_ids)
+        return replace(params, eos_token_id=eos[0], stop_token_ids=params.stop_token_ids + extra)
 
     def abort(self, request_id: int) -> bool:
         """Cancel a waiting or running request and free its blocks; False if unknown/finished."""

@@ -56,6 +56,7 @@ class ModelRunner:
             context_lens=output.context_lengths,
             block_tables=output.block_tables,
             slot_mapping=output.slot_mapping,
+            block_size=self.kv_cache.block_size,
             device=self.device,
             dtype=self.kv_cache.dtype,
             workspace=self.workspace,

@@ -10,11 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.errors import EngineError
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(EngineError, ValueError):
     """A config.json (or preset) the engine cannot build a model from; names the bad field."""
 
 

@@ -78,6 +78,7 @@ def _case(
         context_lens=context_lens,
         block_tables=tables,
         slot_mapping=slots,
+        block_size=block_size,
         device=DEVICE,
     )
     out = paged_attention(query, key, value, key_cache, value_cache, meta)
@@ -122,6 +123,7 @@ def test_decode_ignores_slots_beyond_context_and_unowned_blocks() -> None:
         context_lens=[6, 13],
         block_tables=[[6, 1], [3, 0, 7, 4]],
         slot_mapping=[1 * 4 + 1, 4 * 4 + 0],
+        block_size=4,
         device=DEVICE,
     )
     first = paged_attention(query, key, key, key_cache, value_cache, meta)
@@ -132,6 +134,21 @@ def test_decode_ignores_slots_beyond_context_and_unowned_blocks() -> None:
         cache[2] = cache[5] = float("nan")
     second = paged_attention(query, key, key, key_cache, value_cache, meta)
     torch.testing.assert_close(first, second)
+
+
+def test_blocks_reserved_ahead_are_not_read_and_short_tables_refused() -> None:
+    meta = build_attention_metadata(
+        query_lens=[1, 1],
+        context_lens=[5, 2],
+        block_tables=[[4, 2, 7, 1], [3, 6]],  # more blocks than the contexts need
+        slot_mapping=[2 * 4 + 0, 3 * 4 + 1],
+        block_size=4,
+    )
+    assert meta.block_tables.tolist() == [[4, 2], [3, 0]]
+    with pytest.raises(ValueError, match="shorter"):
+        build_attention_metadata(
+            query_lens=[1], context_lens=[9], block_tables=[[0, 1]], slot_mapping=[8], block_size=4
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -146,6 +163,7 @@ def test_half_precision_is_close_to_reference(dtype: torch.dtype) -> None:
         context_lens=ctx,
         block_tables=tables,
         slot_mapping=[2 * 4 + 2, 1 * 4 + 2],
+        block_size=4,
         device=DEVICE,
         dtype=dtype,
     )

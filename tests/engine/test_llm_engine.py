@@ -206,3 +206,28 @@ def test_cuda_greedy_equals_transformers_on_cpu(
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
     _assert_all_blocks_free(engine)
+
+
+def test_checkpoint_eos_ids_stop_requests_unless_ignored(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        eos_token_id=None,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    free = LLMEngine(str(tmp_path), num_blocks=16).generate([[1, 2, 3]], SamplingParams())[0]
+    first = free.token_ids[0]
+    config_json = tmp_path / "config.json"
+    config_json.write_text(
+        config_json.read_text().replace('"eos_token_id": null', f'"eos_token_id": [63, {first}]')
+    )
+    engine = LLMEngine(str(tmp_path), num_blocks=16)
+    stopped = engine.generate([[1, 2, 3]], SamplingParams())[0]
+    assert (stopped.token_ids, stopped.finish_reason) == ([first], "stop")
+    ignored = engine.generate([[1, 2, 3]], SamplingParams(ignore_eos=True))[0]
+    assert ignored.token_ids == free.token_ids and ignored.finish_reason == "length"

@@ -48,6 +48,7 @@ def _prefill_logits(
         context_lens=[n],
         block_tables=[table],
         slot_mapping=[table[i // block_size] * block_size + i % block_size for i in range(n)],
+        block_size=block_size,
     )
     with torch.no_grad():
         hidden = model(torch.tensor(tokens), torch.arange(n), meta, cache)
