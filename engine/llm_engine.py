@@ -56,7 +56,8 @@ class LLMEngine:
     `model` is a preset name ("tiny-llama", "llama-1b": seeded random weights) or a local Hugging
     Face checkpoint folder. The pool holds `num_blocks` blocks of `block_size` tokens, or as many
     as fit in `kv_cache_bytes`; with neither, 256 MiB on CPU, or 80% of the device memory left
-    free after loading the weights on CUDA.
+    free after loading the weights on CUDA. `watermark` (a fraction of the pool) is kept free
+    when admitting prefills, as in BlockManager.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class LLMEngine:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         max_model_len: int | None = None,
+        watermark: float = 0.0,
         seed: int = 0,
         event_sink: EventSink | None = None,
     ) -> None:
@@ -98,7 +100,9 @@ class LLMEngine:
             dtype=torch_dtype,
             device=device,
         )
-        self._block_manager = BlockManager(num_blocks, block_size, event_sink=event_sink)
+        self._block_manager = BlockManager(
+            num_blocks, block_size, watermark=watermark, event_sink=event_sink
+        )
         self._scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=max_num_seqs,
