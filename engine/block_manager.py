@@ -78,12 +78,13 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Whether a prefill of ``num_tokens`` tokens fits, keeping the watermark in reserve."""
+    def can_allocate(self, num_tokens: int, seq: Sequence | None = None) -> bool:
+        """Whether a prefill of ``num_tokens`` tokens fits, keeping the watermark in reserve.
+        ``seq`` (the sequence to admit) is for allocators that size by request; unused here."""
         needed = blocks_needed(num_tokens, self.block_size)
         return len(self._free) - needed >= self.watermark_blocks
 
-    def can_ever_allocate(self, num_tokens: int) -> bool:
+    def can_ever_allocate(self, num_tokens: int, seq: Sequence | None = None) -> bool:
         """Whether ``num_tokens`` tokens could fit even with every other block free."""
         needed = blocks_needed(num_tokens, self.block_size)
         return self.num_blocks - needed >= self.watermark_blocks
@@ -184,24 +185,31 @@ class BlockManager:
         table = seq.block_table
         logical_block, offset = divmod(position, bs)
         if logical_block == len(table):
-            if not self._free:
-                raise OutOfBlocksError(
-                    f"sequence {seq.seq_id} needs a block for token {position}, none is free"
-                )
-            block_id = self._free.popleft()
-            self._ref_counts[block_id] = 1
-            self._owners[block_id] = seq.seq_id
-            table.append(block_id)
-            self._seqs[seq.seq_id] = seq  # a no-op unless the table was empty
-            if self.event_sink is not None:
-                self.event_sink.record(
-                    EventKind.APPEND_BLOCK, seq.seq_id, len(self._free), (block_id,), 1
-                )
+            self.append_block(seq)
         elif logical_block > len(table):
             raise InvariantError(
                 f"sequence {seq.seq_id}: token {position} is beyond its block table {table}"
             )
         return table[logical_block] * bs + offset
+
+    def append_block(self, seq: Sequence) -> int:
+        """Append one free block to ``seq``'s table (its next token starts a new logical
+        block) and return the block id."""
+        if not self._free:
+            raise OutOfBlocksError(
+                f"sequence {seq.seq_id} needs a block for token {seq.cached_token_count}, "
+                "none is free"
+            )
+        block_id = self._free.popleft()
+        self._ref_counts[block_id] = 1
+        self._owners[block_id] = seq.seq_id
+        seq.block_table.append(block_id)
+        self._seqs[seq.seq_id] = seq  # a no-op unless the table was empty
+        if self.event_sink is not None:
+            self.event_sink.record(
+                EventKind.APPEND_BLOCK, seq.seq_id, len(self._free), (block_id,), 1
+            )
+        return block_id
 
     def get_slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Flat slot index of each token position in ``[start, end)`` of ``seq``."""

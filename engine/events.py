@@ -9,7 +9,8 @@ engine pays one ``is None`` check per event site.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Sequence as BlockIds
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,7 +56,7 @@ class EventSink(Protocol):
         kind: EventKind,
         seq_id: int,
         free_blocks: int,
-        block_ids: Iterable[int] = (),
+        block_ids: BlockIds[int] = (),
         num_tokens: int = 0,
     ) -> None:
         """One event about a sequence; ``free_blocks`` is the count after the event."""
@@ -129,16 +130,16 @@ class EventRecorder:
         kind: EventKind,
         seq_id: int,
         free_blocks: int,
-        block_ids: Iterable[int] = (),
+        block_ids: BlockIds[int] = (),
         num_tokens: int = 0,
     ) -> None:
-        blocks = self._block_ids
-        before = len(blocks)
-        blocks.extend(block_ids)
-        self._rows.append(
-            (self.clock(), self.step, kind, seq_id, free_blocks, num_tokens, len(blocks) - before)
+        rows = self._rows
+        rows.append(
+            (self.clock(), self.step, kind, seq_id, free_blocks, num_tokens, len(block_ids))
         )
-        if len(self._rows) >= self.chunk_size:
+        if block_ids:
+            self._block_ids.extend(block_ids)
+        if len(rows) >= self.chunk_size:
             self._pack()
 
     def record_step(

@@ -67,7 +67,7 @@ class RunConfig:
     think_time_s: float = 0.0
     seed: int = 0
     until: float | None = None
-    multi_step: bool = True  # decode runs in cost mode; results identical either way
+    fast_decode: bool = True  # FastDecodeScheduler in cost mode; results identical either way
     # engine mode only
     device: str = "cpu"
     dtype: str = "float32"

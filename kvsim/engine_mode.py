@@ -69,7 +69,7 @@ class PromptTokens:
 class EngineExecutor:
     """Runs each scheduled step on the LLMEngine's model and measures it (seconds)."""
 
-    supports_decode_runs = False
+    placeholder_tokens = False
 
     def __init__(self, llm: LLMEngine) -> None:
         self.llm = llm

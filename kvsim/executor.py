@@ -25,8 +25,8 @@ class CostModelExecutor:
     """Cost mode: step time from ``cost_model``; sampled tokens are placeholders (0), since
     requests run with ignore_eos and stop at their trace's output length."""
 
-    # The simulator may run several decode steps per call (engine/decode_run.py).
-    supports_decode_runs = True
+    # Sampled tokens are placeholders, so the simulator may use the FastDecodeScheduler.
+    placeholder_tokens = True
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from engine import BlockManager, Scheduler, SchedulerConfig
+from engine.fast_decode import FastDecodeScheduler
 from kvsim.config import RunConfig
 from kvsim.costmodel import (
     CostModel,
@@ -111,7 +112,9 @@ def simulate(
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
     and BlockManager built from ``config``, ``num_blocks`` and ``max_model_len``)."""
     if scheduler is None:
-        scheduler = Scheduler(
+        fast = config.fast_decode and getattr(executor, "placeholder_tokens", False)
+        scheduler_class = FastDecodeScheduler if fast else Scheduler
+        scheduler = scheduler_class(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
@@ -124,7 +127,6 @@ def simulate(
         think_time_s=config.think_time_s,
         seed=config.seed,
         until=config.until,
-        multi_step=config.multi_step,
     )
     sim = Simulation(trace.requests, scheduler, executor, settings, prompt_tokens_of)
     result = sim.run(progress)

@@ -8,14 +8,15 @@
 The simulator drives the engine's own Scheduler and BlockManager; it keeps no copy of their
 logic and no mirror of KV memory. An idle engine sleeps until the next arrival.
 
-Speed: when the executor can predict decode steps ahead (cost mode), the loop hands the
-Scheduler whole runs of decode steps that end before the next external event (arrival,
-cancellation, ``until``); see engine/decode_run.py. The event stream is identical to
-step-by-step scheduling (tests/kvsim check this).
+Speed: in cost mode the scheduler is a FastDecodeScheduler (engine/fast_decode.py), whose
+decode steps cost O(allocations + finishes) instead of O(running sequences); its event stream
+is identical to the plain Scheduler's (tests check this).
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -25,14 +26,11 @@ import numpy as np
 import simpy
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
-from engine.decode_run import advance_decode_run
 from kvsim.executor import Executor
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
 PROGRESS_EVERY_STEPS = 4096
-MAX_RUN_STEPS = 4096
-PLACEHOLDER_TOKEN = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +41,6 @@ class SimSettings:
     think_time_s: float = 0.0
     seed: int = 0
     until: float | None = None  # stop at this simulated time (seconds)
-    multi_step: bool = True  # decode runs when the executor supports them
 
 
 @dataclass(slots=True)
@@ -78,7 +75,8 @@ class Simulation:
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
-        self.recorder = EventRecorder(clock=self._clock)
+        # partial(attrgetter) reads env.now without a Python-level wrapper per event.
+        self.recorder = EventRecorder(clock=functools.partial(operator.attrgetter("now"), self.env))
         scheduler.event_sink = self.recorder
         scheduler.block_manager.event_sink = self.recorder
         self.block_manager: BlockManager = scheduler.block_manager
@@ -97,13 +95,6 @@ class Simulation:
         self._durations: list[float] = []
         self._filled: list[int] = []
         self._running: list[int] = []
-        # Decode runs stamp events with each step's own time instead of env.now.
-        self._run_time: float | None = None
-        self._run_limit = 0.0
-        self._run_dt = 0.0
-
-    def _clock(self) -> float:
-        return self.env.now if self._run_time is None else self._run_time
 
     # --- the two callbacks the workload processes use ---------------------------------------
 
@@ -172,7 +163,6 @@ class Simulation:
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, sched, executor = self.env, self.scheduler, self.executor
         durations, filled, running = self._durations, self._filled, self._running
-        decode_runs = self.settings.multi_step and getattr(executor, "supports_decode_runs", False)
         next_progress = PROGRESS_EVERY_STEPS
         while True:
             if not sched.has_unfinished():
@@ -181,10 +171,6 @@ class Simulation:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            if decode_runs:
-                num_steps = yield from self._decode_run()
-                if num_steps:
-                    continue
             out = sched.schedule()
             if out.is_empty:
                 for seq in sched.update(out, []):
@@ -204,56 +190,6 @@ class Simulation:
                 next_progress += PROGRESS_EVERY_STEPS
                 progress(env.now, self._num_done)
 
-    # --- decode runs ---------------------------------------------------------------------------
-
-    def fits(self, num_seqs: int, context_tokens: int, num_blocks: int) -> bool:
-        """DecodeRunHooks: whether the step would end before the next external event, so
-        nothing could change the batch in between."""
-        assert self._run_time is not None
-        dt: float = self.executor.decode_step_time(  # type: ignore[attr-defined]
-            num_seqs, context_tokens, num_blocks
-        )
-        self._run_dt = dt
-        return self._run_time + dt < self._run_limit
-
-    def begin_step(self, num_seqs: int, context_tokens: int, num_blocks: int) -> bool:
-        """DecodeRunHooks: record the step if it fits; its events are stamped with its start."""
-        if not self.fits(num_seqs, context_tokens, num_blocks):
-            return False
-        dt = self._run_dt
-        self._durations.append(dt)
-        self._filled.append(context_tokens)
-        self._running.append(num_seqs)
-        return True
-
-    def end_step(self) -> None:
-        """DecodeRunHooks: the step's compute is over; its update happens at its end time."""
-        assert self._run_time is not None
-        self._run_time += self._run_dt  # the same float sum as env.now + dt step by step
-
-    def _decode_run(self) -> Generator[simpy.Event, Any, int]:
-        env = self.env
-        self._run_time = env.now
-        self._run_limit = env.peek()
-        first = len(self._durations)
-        try:
-            num_steps, finished = advance_decode_run(
-                self.scheduler,
-                self,
-                max_steps=MAX_RUN_STEPS,
-                token=PLACEHOLDER_TOKEN,
-                stop_at_finish=self._closed_loop,
-            )
-        finally:
-            self._run_time = None
-        # Let simulated time pass step by step, so env.now follows the same float additions
-        # as step-by-step scheduling; nothing else is due before the run's end.
-        for dt in self._durations[first:]:
-            yield env.timeout(dt)
-        for seq in finished:
-            self._finish(seq.seq_id)
-        return num_steps
-
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay the workload to its end (or ``settings.until``) and return the result."""
         env = self.env
@@ -268,6 +204,9 @@ class Simulation:
         wall = time.perf_counter() - start
         if progress is not None:
             progress(env.now, self._num_done)
+        sync = getattr(self.scheduler, "sync", None)
+        if sync is not None:
+            sync()  # leave every Sequence exact for whoever looks at them next
         self.recorder.flush()
         return SimResult(
             recorder=self.recorder,

@@ -1,4 +1,4 @@
-"""Multi-step decode runs must give exactly what step-by-step scheduling gives."""
+"""The FastDecodeScheduler must give exactly what the plain Scheduler gives, end to end."""
 
 import pandas as pd
 import pytest
@@ -11,7 +11,7 @@ from workloads import Request, Trace
 def both(config: RunConfig) -> tuple[dict, dict]:
     results = {}
     for multi in (False, True):
-        r = run(config.replace(multi_step=multi))
+        r = run(config.replace(fast_decode=multi))
         results[multi] = r
     return results[False], results[True]
 
@@ -35,13 +35,13 @@ def assert_identical(a, b) -> None:
         {"block_size": 64, "max_num_seqs": 8},  # seats, not blocks, hold the queue
     ],
 )
-def test_decode_runs_match_step_by_step(options):
+def test_fast_decode_matches_the_plain_scheduler(options):
     a, b = both(RunConfig(trace="azure_llm_2023_conv_first_2min", **options))
     assert a.summary["num_steps"] > 1000
     assert_identical(a, b)
 
 
-def test_decode_runs_match_step_by_step_with_cancellations(tmp_path):
+def test_fast_decode_matches_the_plain_scheduler_with_cancellations(tmp_path):
     requests = [
         Request(
             request_id=str(i),

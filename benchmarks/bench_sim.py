@@ -1,0 +1,106 @@
+"""Simulator speed and memory in cost mode.
+
+1. The full Azure 2023 conversation trace (19,366 requests) for llama-2-7b on a100-80gb and
+   for llama-2-70b with --tp 2 on a100-80gb (max_num_seqs 128, max_num_batched_tokens 4096),
+   block size 16: wall seconds of the simulation loop (events included), of the metrics, and of
+   loading; simulated requests per wall second; steps per wall second. Median of --repeats.
+   The FastDecodeScheduler on and off, side by side (their results are identical).
+2. --million: one million synthetic requests (Poisson, lognormal lengths) in cost mode, with
+   events streamed to a run folder; peak RSS of the whole process (target: under 2 GiB).
+
+    python benchmarks/bench_sim.py [--repeats 3] [--million]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from kvsim.config import RunConfig
+from kvsim.runner import run
+
+CONFIGS = {
+    "llama-2-7b / a100-80gb": RunConfig(trace="azure_llm_2023_conv"),
+    "llama-2-70b tp2 / a100-80gb": RunConfig(
+        trace="azure_llm_2023_conv",
+        model="llama-2-70b",
+        tp=2,
+        max_num_seqs=128,
+        max_num_batched_tokens=4096,
+    ),
+}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_trace(repeats: int) -> None:
+    for name, config in CONFIGS.items():
+        rows = {}
+        for multi in (False, True):
+            sims, totals = [], []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                result = run(config.replace(fast_decode=multi))
+                totals.append(time.perf_counter() - start)
+                sims.append(result.summary["wall_time_s"])
+            s = result.summary
+            sim = statistics.median(sims)
+            rows[multi] = sim
+            print(
+                f"{name:28s} fast_decode={'on ' if multi else 'off'} "
+                f"sim loop {sim:5.2f} s (median of {repeats})  "
+                f"with load+metrics {statistics.median(totals):5.2f} s  "
+                f"{s['num_requests'] / sim:7,.0f} req/wall-s  {s['num_steps'] / sim:7,.0f} steps/s  "
+                f"steps {s['num_steps']:,}  events {len(result.events):,}"
+            )
+        print(f"{'':28s} fast-decode speed-up {rows[False] / rows[True]:.2f}x; target < 3 s")
+    print(f"peak RSS {peak_rss_mib():,.0f} MiB")
+
+
+def bench_million() -> None:
+    from workloads import ArrivalProcess, generate_trace, save_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "million.jsonl"
+        start = time.perf_counter()
+        trace = generate_trace(
+            arrivals=ArrivalProcess(rate_per_s=50.0, kind="poisson"),
+            prompt="lognormal:1000:1.0:4000",
+            output="lognormal:200:1.0:2000",
+            num_requests=1_000_000,
+            seed=1,
+            name="million",
+        )
+        save_trace(trace, path)
+        del trace
+        print(f"generated 1M requests in {time.perf_counter() - start:.1f} s")
+        config = RunConfig(trace=str(path), model="llama-2-70b", gpu="h200", tp=4)
+        start = time.perf_counter()
+        result = run(config)
+        print(
+            f"1M requests: total {time.perf_counter() - start:.1f} s, sim loop "
+            f"{result.summary['wall_time_s']:.1f} s, steps {result.summary['num_steps']:,}, "
+            f"finished {result.summary['num_finished']:,}; peak RSS {peak_rss_mib():,.0f} MiB "
+            f"(target < 2048)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--million", action="store_true")
+    args = parser.parse_args()
+    if args.million:
+        bench_million()
+    else:
+        bench_trace(args.repeats)
+
+
+if __name__ == "__main__":
+    main()

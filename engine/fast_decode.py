@@ -1,0 +1,200 @@
+"""FastDecodeScheduler: the Scheduler for placeholder-token runs (the simulator's cost mode).
+
+In cost mode no token value matters: every running sequence gains one token per decode step
+and stops at its length limit. The plain Scheduler still touches every running sequence twice
+per step, which bounds the simulator at about a microsecond per sequence per step. This
+subclass makes a decode step cost O(sequences that allocate a block or finish) instead, and
+produces exactly the plain Scheduler's events, outputs and counters (tests/engine compare them
+step by step):
+
+- a running sequence's ``cached_token_count`` and ``generated_token_ids`` are brought up to
+  date lazily: exact value = stored value + (decode steps since its mark);
+- the sequences whose next token starts a new block in a given step are those in one residue
+  class of (cached tokens - mark) modulo block_size, kept in per-class lists in admission order;
+- finishes come off a heap keyed by the decode step whose update finishes them.
+
+Anything the fast path cannot reproduce exactly (a decode step that would preempt) falls back
+to the plain Scheduler after bringing every sequence up to date. Call ``sync()`` before reading
+running sequences' state or calling ``check_invariants()``.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from engine.block_manager import BlockManager
+from engine.errors import SchedulerError
+from engine.events import EventKind, EventSink, StepKind
+from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerConfig, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+
+RUNNING = SequenceStatus.RUNNING
+
+
+class FastDecodeOutput(SchedulerOutput):
+    """A decode step of the fast path: counts only, no per-token views."""
+
+    __slots__ = ()
+
+    def _check_live(self) -> None:
+        raise SchedulerError(
+            "a FastDecodeScheduler decode step has no slot_mapping / block_tables / "
+            "context_lengths; use the plain Scheduler to run a model"
+        )
+
+
+class FastDecodeScheduler(Scheduler):
+    """Scheduler whose decode steps cost O(allocations + finishes); every sampled decode
+    token is taken to be ``token`` (sequences must not be stoppable by a token)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        event_sink: EventSink | None = None,
+        *,
+        token: int = 0,
+    ) -> None:
+        super().__init__(config, block_manager, event_sink)
+        self.token = token
+        self._decodes = 0  # decode steps updated so far
+        self._epoch: dict[int, tuple[int, int]] = {}  # seq_id -> (admission no, mark)
+        self._next_admission = 0
+        self._finish_heap: list[tuple[int, int, Sequence]] = []  # (decode no, admission no, seq)
+        self._buckets: list[list[tuple[int, Sequence]]] = [
+            [] for _ in range(block_manager.block_size)
+        ]
+        self._fast_out: SchedulerOutput | None = None
+
+    # --- lazy state ---------------------------------------------------------------------------
+
+    def _join(self, seq: Sequence) -> None:
+        """``seq`` has just been prefilled and is running: track it lazily from now on."""
+        admission, d = self._next_admission, self._decodes
+        self._next_admission += 1
+        self._epoch[seq.seq_id] = (admission, d)
+        c = seq.cached_token_count
+        heapq.heappush(self._finish_heap, (d + seq._finish_cached_count - c, admission, seq))
+        self._buckets[(c - d) % self.block_manager.block_size].append((admission, seq))
+
+    def _sync(self, seq: Sequence) -> None:
+        admission, mark = self._epoch[seq.seq_id]
+        delta = self._decodes - mark
+        if delta:
+            seq.cached_token_count += delta
+            seq.generated_token_ids.extend([self.token] * delta)
+            seq.last_token_id = self.token
+            self._epoch[seq.seq_id] = (admission, self._decodes)
+
+    def sync(self) -> None:
+        """Bring every running sequence's state up to date."""
+        for seq in self._running:
+            if seq.seq_id in self._epoch:
+                self._sync(seq)
+
+    # --- overrides ----------------------------------------------------------------------------
+
+    def add_request(self, seq: Sequence) -> None:
+        if seq._stop_ids:
+            raise SchedulerError(
+                f"sequence {seq.seq_id} can be stopped by a token; FastDecodeScheduler runs "
+                "only placeholder tokens (use ignore_eos and no stop ids)"
+            )
+        super().add_request(seq)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus, kind: EventKind) -> None:
+        self._epoch.pop(seq.seq_id, None)
+        super()._finish(seq, status, kind)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._epoch.pop(seq.seq_id, None)
+        super()._preempt(seq)
+
+    def abort(self, seq_id: int) -> bool:
+        seq = self._unfinished.get(seq_id)
+        if seq is not None and seq_id in self._epoch:
+            self._sync(seq)
+        return super().abort(seq_id)
+
+    def _schedule_decode(self) -> SchedulerOutput:
+        running = self._running
+        if not running:
+            return super()._schedule_decode()
+        bm = self.block_manager
+        bs = bm.block_size
+        d = self._decodes
+        epoch = self._epoch
+        bucket = self._buckets[-d % bs]
+        live: list[tuple[int, Sequence]] = []
+        needing: list[Sequence] = []
+        for entry in bucket:
+            admission, seq = entry
+            state = epoch.get(seq.seq_id)
+            if state is None or state[0] != admission:
+                continue  # left the batch since (finished, preempted or aborted)
+            live.append(entry)
+            if seq.cached_token_count + d - state[1] >= len(seq.block_table) * bs:
+                needing.append(seq)
+        bucket[:] = live
+        if len(needing) > bm.get_num_free_blocks():
+            # Preemption: let the plain Scheduler do it, from exact state.
+            self.sync()
+            return super()._schedule_decode()
+        for seq in needing:
+            bm.append_block(seq)
+        out = FastDecodeOutput(
+            step=self.step,
+            kind=StepKind.DECODE,
+            seqs=running.copy(),
+            num_new_tokens=[1] * len(running),
+            block_size=bs,
+            preempted=[],
+            rejected=[],
+        )
+        self._fast_out = out
+        return out
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
+        if output is not self._fast_out:
+            finished = super().update(output, sampled_token_ids)
+            if output.kind is StepKind.PREFILL:
+                for seq in output.seqs:
+                    if seq.status is RUNNING:
+                        self._join(seq)
+            elif output.seqs:
+                # A plain decode step advanced every running sequence by one token itself.
+                self._decodes += 1
+                epoch, d = self._epoch, self._decodes
+                for seq in self._running:
+                    epoch[seq.seq_id] = (epoch[seq.seq_id][0], d)
+            return finished
+        if output is not self._pending:
+            raise SchedulerError(f"update() got step {output.step}, not the pending step")
+        if len(sampled_token_ids) != len(output.seqs):
+            raise SchedulerError(
+                f"step {output.step}: {len(sampled_token_ids)} sampled tokens for "
+                f"{len(output.seqs)} sequences"
+            )
+        self._pending = self._fast_out = None
+        output._updated = True
+        finished, self._finished_early = self._finished_early, []
+        num_done_before = len(finished)
+        running = self._running
+        self._decodes += 1
+        d = self._decodes
+        self.num_cached_tokens += len(running)  # sequences aborted mid-step already left
+        heap, epoch = self._finish_heap, self._epoch
+        while heap and heap[0][0] <= d:
+            _, admission, seq = heapq.heappop(heap)
+            state = epoch.get(seq.seq_id)
+            if state is None or state[0] != admission:
+                continue
+            self._sync(seq)
+            seq.finish_reason = "length"
+            finished.append(seq)
+        if len(finished) > num_done_before:
+            for seq in finished[num_done_before:]:
+                self._finish(seq, SequenceStatus.FINISHED_LENGTH, EventKind.FINISH)
+            self._running = [s for s in running if s.status is RUNNING]
+        return finished

@@ -1,0 +1,107 @@
+"""FastDecodeScheduler gives exactly the plain Scheduler's events, outputs and counters."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import (
+    BlockManager,
+    EventRecorder,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerError,
+    Sequence,
+)
+from engine.fast_decode import FastDecodeScheduler
+
+op = st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 90), st.integers(1, 40)),
+    st.tuples(st.just("step"), st.integers(1, 4), st.just(0)),
+    st.tuples(st.just("abort"), st.integers(0, 30), st.just(0)),
+    st.tuples(st.just("abort_mid_step"), st.integers(0, 30), st.just(0)),
+)
+
+
+def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark):
+    recorder = EventRecorder()
+    bm = BlockManager(num_blocks, block_size, watermark, event_sink=recorder)
+    sched = scheduler_class(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256), bm
+    )
+    trace = []
+    next_id = 0
+    for kind, a, b in ops:
+        if kind == "add":
+            params = SamplingParams(max_tokens=b, ignore_eos=True)
+            sched.add_request(Sequence(next_id, range(a), params))
+            next_id += 1
+        elif kind == "abort":
+            trace.append(("abort", a, sched.abort(a)))
+        elif kind == "abort_mid_step":
+            out = sched.schedule()
+            trace.append(("abort", a, sched.abort(a)))
+            finished = sched.update(out, [0] * out.num_seqs)
+            trace.append(([s.seq_id for s in finished], sched.num_cached_tokens))
+        else:
+            for _ in range(a):
+                out = sched.schedule()
+                finished = sched.update(out, [0] * out.num_seqs)
+                trace.append(
+                    (
+                        out.kind,
+                        [s.seq_id for s in out.seqs],
+                        out.num_batched_tokens,
+                        [s.seq_id for s in out.preempted],
+                        [s.seq_id for s in out.rejected],
+                        [s.seq_id for s in finished],
+                        sched.num_cached_tokens,
+                        bm.num_used_blocks,
+                    )
+                )
+    while sched.has_unfinished():
+        out = sched.schedule()
+        finished = sched.update(out, [0] * out.num_seqs)
+        trace.append((out.kind, [s.seq_id for s in out.seqs], [s.seq_id for s in finished]))
+    cols, blocks = recorder.columns()
+    return trace, {k: v.tolist() for k, v in cols.items()}, blocks.tolist(), sched
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(op, min_size=1, max_size=40),
+    num_blocks=st.integers(2, 40),
+    block_size=st.sampled_from([1, 2, 3, 4, 8, 16]),
+    max_num_seqs=st.integers(1, 8),
+    watermark=st.sampled_from([0.0, 0.1]),
+)
+def test_fast_decode_matches_the_plain_scheduler(
+    ops, num_blocks, block_size, max_num_seqs, watermark
+):
+    plain = drive(Scheduler, ops, num_blocks, block_size, max_num_seqs, watermark)
+    fast = drive(FastDecodeScheduler, ops, num_blocks, block_size, max_num_seqs, watermark)
+    assert fast[0] == plain[0]
+    assert fast[1] == plain[1]
+    assert fast[2] == plain[2]
+    fast[3].block_manager.check_invariants()
+    assert fast[3].block_manager.get_num_free_blocks() == num_blocks
+
+
+def test_sync_brings_running_sequences_up_to_date():
+    bm = BlockManager(64, 4)
+    sched = FastDecodeScheduler(SchedulerConfig(), bm)
+    seq = Sequence(0, range(6), SamplingParams(max_tokens=10, ignore_eos=True))
+    sched.add_request(seq)
+    for _ in range(4):  # prefill + 3 decodes
+        out = sched.schedule()
+        sched.update(out, [0] * out.num_seqs)
+    sched.sync()
+    assert seq.cached_token_count == 9 and len(seq.generated_token_ids) == 4
+    assert seq.block_table == [0, 1, 2]
+    bm.check_invariants()
+
+
+def test_fast_decode_refuses_sequences_a_token_could_stop():
+    sched = FastDecodeScheduler(SchedulerConfig(), BlockManager(8, 4))
+    with pytest.raises(SchedulerError, match="placeholder"):
+        sched.add_request(Sequence(0, range(3), SamplingParams(eos_token_id=2)))
