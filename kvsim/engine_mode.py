@@ -99,6 +99,7 @@ def build_llm(config: RunConfig) -> LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len,
+            watermark=config.watermark,
             seed=config.seed,
         )
     except (ValueError, OSError, RuntimeError) as exc:
@@ -109,9 +110,6 @@ def run_engine_mode(config: RunConfig, progress: Progress | None = None) -> RunR
     """Replay ``config``'s trace through the torch engine, timing every step."""
     from kvsim.runner import load_workload, simulate
 
-    if config.watermark:
-        # The LLMEngine's BlockManager keeps no watermark; say so rather than ignore it.
-        config = config.replace(watermark=0.0)
     trace_path, trace = load_workload(config)
     llm = build_llm(config)
     scheduler = llm.scheduler
@@ -126,7 +124,6 @@ def run_engine_mode(config: RunConfig, progress: Progress | None = None) -> RunR
             "device": str(llm.kv_cache.key_cache[0].device),
             "dtype": config.dtype,
             "kv_cache_bytes": llm.kv_cache.num_bytes,
-            "watermark": 0.0,
         },
     }
     tokens_of = PromptTokens(llm.model_config.vocab_size, config.seed, trace.hash_block_size)
