@@ -118,7 +118,10 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=None)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     num, repeats = (32, 1) if args.quick else (args.requests, args.repeats)
 
     vocab = int(PRESETS[args.model]["vocab_size"])
