@@ -9,7 +9,7 @@ engine pays one ``is None`` check per event site.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as BlockIds
 from typing import Any, Protocol
 
@@ -97,7 +97,8 @@ class EventRecorder:
     Recording appends one tuple (the cheapest thing Python can do per event); every
     ``chunk_size`` events the tuples are packed into numpy columns, so memory stays near
     40 bytes per event plus 8 per block id. Pass ``on_chunk`` to receive each packed chunk
-    (event columns and its flat block ids) instead of keeping it, e.g. to stream to disk.
+    (event columns and its flat block ids), e.g. to stream it to disk, and ``keep_kinds`` to
+    keep only the kinds you still need in memory.
 
     Event ``i`` carries ``num_blocks[i]`` block ids; they follow each other in ``block_ids``
     in event order.
@@ -108,16 +109,21 @@ class EventRecorder:
         clock: Callable[[], float] = _zero_clock,
         chunk_size: int = 1 << 16,
         on_chunk: ChunkCallback | None = None,
+        keep_kinds: Iterable[EventKind] | None = None,
     ) -> None:
+        """``on_chunk`` receives every packed chunk; the recorder itself keeps the events of
+        ``keep_kinds`` only (all kinds when None), so a streamed run stays small in memory."""
         self.clock = clock
         self.step = 0
         self.chunk_size = chunk_size
         self.on_chunk = on_chunk
+        self.keep_kinds = None if keep_kinds is None else np.array(sorted(keep_kinds))
         self._rows: list[tuple[float, int, int, int, int, int, int]] = []
         self._block_ids: list[int] = []  # a list: extending it from a block table is a memcpy
         self._chunks: list[tuple[Columns, np.ndarray]] = []
         self._num_packed = 0
         self._step_rows: list[tuple[float, int, int, int, int, int]] = []
+        self._step_chunks: list[Columns] = []
 
     def __len__(self) -> int:
         return self._num_packed + len(self._rows)
@@ -156,14 +162,21 @@ class EventRecorder:
         self._num_packed += len(self._rows)
         self._rows = []
         self._block_ids = []
+        if self._step_rows:
+            self._step_chunks.append(_to_columns(self._step_rows, STEP_COLUMNS, STEP_DTYPES))
+            self._step_rows = []
         if self.on_chunk is not None:
             self.on_chunk(chunk, block_ids)
-        else:
-            self._chunks.append((chunk, block_ids))
+        if self.keep_kinds is not None:
+            keep = np.isin(chunk["kind"], self.keep_kinds)
+            block_keep = np.repeat(keep, chunk["num_blocks"])
+            chunk = {n: c[keep] for n, c in chunk.items()}
+            block_ids = block_ids[block_keep]
+        self._chunks.append((chunk, block_ids))
 
     def flush(self) -> None:
         """Pack the events recorded since the last chunk (hands them to ``on_chunk``)."""
-        if self._rows:
+        if self._rows or self._step_rows:
             self._pack()
 
     def columns(self) -> tuple[Columns, np.ndarray]:
@@ -176,8 +189,13 @@ class EventRecorder:
         return self._chunks[0]
 
     def step_columns(self) -> Columns:
-        """One row per STEP event (``STEP_COLUMNS``)."""
-        return _to_columns(self._step_rows, STEP_COLUMNS, STEP_DTYPES)
+        """One row per STEP event (``STEP_COLUMNS``), whatever ``keep_kinds`` says."""
+        self.flush()
+        if not self._step_chunks:
+            return _to_columns([], STEP_COLUMNS, STEP_DTYPES)
+        merged = {n: np.concatenate([c[n] for c in self._step_chunks]) for n in STEP_COLUMNS}
+        self._step_chunks = [merged]
+        return merged
 
     # --- conveniences for tests and notebooks (not for million-event runs) ---------------
 

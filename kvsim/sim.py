@@ -18,14 +18,16 @@ from __future__ import annotations
 import functools
 import operator
 import time
-from collections.abc import Callable, Generator
+from array import array
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import simpy
 
-from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
+from engine import BlockManager, EventKind, EventRecorder, SamplingParams, Scheduler, Sequence
+from engine.events import ChunkCallback
 from kvsim.executor import Executor
 from workloads import Request, closed_loop
 
@@ -68,6 +70,9 @@ class Simulation:
         executor: Executor,
         settings: SimSettings,
         prompt_tokens_of: Callable[[Request], Any] | None = None,
+        *,
+        on_events_chunk: ChunkCallback | None = None,
+        keep_kinds: Iterable[EventKind] | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
@@ -76,7 +81,11 @@ class Simulation:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
         # partial(attrgetter) reads env.now without a Python-level wrapper per event.
-        self.recorder = EventRecorder(clock=functools.partial(operator.attrgetter("now"), self.env))
+        self.recorder = EventRecorder(
+            clock=functools.partial(operator.attrgetter("now"), self.env),
+            on_chunk=on_events_chunk,
+            keep_kinds=keep_kinds,
+        )
         scheduler.event_sink = self.recorder
         scheduler.block_manager.event_sink = self.recorder
         self.block_manager: BlockManager = scheduler.block_manager
@@ -92,9 +101,10 @@ class Simulation:
         self._wake: simpy.Event | None = None
         self._all_submitted = False
         self._num_done = 0
-        self._durations: list[float] = []
-        self._filled: list[int] = []
-        self._running: list[int] = []
+        # array, not list: a million-request run has millions of steps.
+        self._durations = array("d")
+        self._filled = array("q")
+        self._running = array("q")
 
     # --- the two callbacks the workload processes use ---------------------------------------
 
@@ -213,9 +223,9 @@ class Simulation:
             requests=self._submitted,
             block_size=self.block_manager.block_size,
             num_blocks=self.block_manager.num_blocks,
-            step_duration_s=np.asarray(self._durations, dtype=np.float64),
-            step_filled_slots=np.asarray(self._filled, dtype=np.int64),
-            step_num_running=np.asarray(self._running, dtype=np.int64),
+            step_duration_s=np.frombuffer(self._durations, dtype=np.float64).copy(),
+            step_filled_slots=np.frombuffer(self._filled, dtype=np.int64).copy(),
+            step_num_running=np.frombuffer(self._running, dtype=np.int64).copy(),
             sim_end_s=float(env.now),
             wall_time_s=wall,
         )
