@@ -139,7 +139,7 @@ class Scheduler:
                 continue
             if len(seqs) >= seat_limit or num_tokens + n > cfg.max_num_batched_tokens:
                 break
-            if not bm.can_allocate(n):
+            if not bm.can_allocate(n, seq):
                 break
             waiting.popleft()
             bm.allocate_for_prefill(seq, n)
@@ -180,7 +180,7 @@ class Scheduler:
                 f"{num_tokens} tokens exceed max_num_batched_tokens "
                 f"{cfg.max_num_batched_tokens} (no chunked prefill)"
             )
-        if not bm.can_ever_allocate(num_tokens):
+        if not bm.can_ever_allocate(num_tokens, seq):
             return (
                 f"exceeds KV capacity: {num_tokens} tokens need "
                 f"{blocks_needed(num_tokens, bm.block_size)} blocks, the pool has "
@@ -201,7 +201,9 @@ class Scheduler:
         for s in running:
             c = s.cached_token_count
             offset = c % bs
-            if offset:  # the common case: the token lands in a block the table already has
+            # The common case: the token lands in a block the table already has (mid-block,
+            # or at a boundary the table reaches beyond, as with allocators that reserve ahead).
+            if offset or c < len(s.block_table) * bs:
                 append(s.block_table[c // bs] * bs + offset)
                 continue
             if bm.get_num_free_blocks() == 0 and not self._make_room(s, preempted, rejected):
