@@ -8,6 +8,8 @@ imported on first use.
 from typing import Any
 
 from engine.block_manager import BlockManager, Slot, blocks_needed
+from engine.buddy import BuddyAllocator
+from engine.contiguous import ContiguousAllocator, ReservationError
 from engine.errors import (
     DoubleFreeError,
     EngineError,
@@ -22,6 +24,8 @@ from engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = [
     "BlockManager",
+    "BuddyAllocator",
+    "ContiguousAllocator",
     "DoubleFreeError",
     "EngineError",
     "EventKind",
@@ -29,6 +33,7 @@ __all__ = [
     "EventSink",
     "InvariantError",
     "OutOfBlocksError",
+    "ReservationError",
     "SamplingParams",
     "Scheduler",
     "SchedulerConfig",
