@@ -17,6 +17,7 @@ from kvsim.errors import KvsimError
 
 Mode = Literal["cost", "engine"]
 MODES = ("cost", "engine")
+ALLOCATORS = ("paged", "max", "pow2", "oracle")  # kvsim.allocators builds them
 
 
 class ConfigError(KvsimError):
@@ -67,6 +68,7 @@ class RunConfig:
     think_time_s: float = 0.0
     seed: int = 0
     until: float | None = None
+    allocator: str = "paged"  # paged, or a contiguous baseline: max, pow2, oracle
     fast_decode: bool = True  # FastDecodeScheduler in cost mode; results identical either way
     # engine mode only
     device: str = "cpu"
@@ -93,6 +95,14 @@ class RunConfig:
             )
         if self.rate is not None and self.time_scale is not None:
             raise ConfigError("give --rate or --time-scale, not both")
+        if self.allocator not in ALLOCATORS:
+            raise ConfigError(
+                f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}"
+            )
+        if self.allocator != "paged" and self.mode != "cost":
+            raise ConfigError(
+                f"allocator {self.allocator!r} runs in cost mode only (the torch engine is paged)"
+            )
         if type(self.seed) is not int:
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
 

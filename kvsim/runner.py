@@ -10,8 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from engine import BlockManager, Scheduler, SchedulerConfig
+from engine import Scheduler, SchedulerConfig
 from engine.fast_decode import FastDecodeScheduler
+from kvsim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.config import RunConfig
 from kvsim.costmodel import (
     CostModel,
@@ -21,6 +22,7 @@ from kvsim.costmodel import (
     resolve_model,
 )
 from kvsim.executor import CostModelExecutor, Executor
+from kvsim.kv_breakdown import add_kv_breakdown
 from kvsim.metrics import events_frame, requests_frame, steps_frame, summarize
 from kvsim.sim import Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
@@ -84,7 +86,8 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     num_blocks, plan = resolve_num_blocks(config, cost_model)
-    executor: Executor = CostModelExecutor(cost_model)
+    executor_class = CostModelExecutor if config.allocator == "paged" else ContiguousCostExecutor
+    executor: Executor = executor_class(cost_model)
     max_model_len = config.max_model_len or cost_model.model.max_model_len
     resolved = {
         "trace_path": str(trace_path),
@@ -120,7 +123,9 @@ def simulate(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=max_model_len,
             ),
-            BlockManager(num_blocks, config.block_size, config.watermark),
+            build_allocator(
+                config.allocator, num_blocks, config.block_size, config.watermark, max_model_len
+            ),
         )
     settings = SimSettings(
         concurrency=config.concurrency,
@@ -130,7 +135,7 @@ def simulate(
     )
     sim = Simulation(trace.requests, scheduler, executor, settings, prompt_tokens_of)
     result = sim.run(progress)
-    steps = steps_frame(result)
+    steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len)
     requests = requests_frame(result, steps)
     events = events_frame(result)
     summary = summarize(result, requests, steps)

@@ -14,6 +14,7 @@ from engine import EngineError
 from kvsim.config import RunConfig
 from kvsim.console import console, fail
 from kvsim.errors import KvsimError
+from kvsim.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
 
 USER_ERRORS = (KvsimError, WorkloadError, EngineError)
@@ -85,6 +86,14 @@ def run_command(
     ] = None,
     seed: Annotated[int | None, Opt(help="Seed for every random choice [default: 0]")] = None,
     until: Annotated[float | None, Opt(help="Stop at this simulated time (s)")] = None,
+    allocator: Annotated[
+        str | None,
+        Opt(
+            help="KV allocator: paged (vLLM), or a contiguous baseline reserving max_model_len "
+            "(max), prompt + next power of two of the output (pow2), or prompt + the exact "
+            "output (oracle) [default: paged]"
+        ),
+    ] = None,
     device: Annotated[str | None, Opt(help="Engine mode: cpu or cuda")] = None,
     dtype: Annotated[str | None, Opt(help="Engine mode: float32, bfloat16 or float16")] = None,
     out: Annotated[Path | None, Opt(help="Run folder [default: runs/<trace>-<timestamp>]")] = None,
@@ -99,6 +108,7 @@ def run_command(
         "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
         "watermark": watermark, "rate": rate, "time_scale": time_scale,
         "concurrency": concurrency, "think_time_s": think_time, "seed": seed, "until": until,
+        "allocator": allocator,
         "device": device, "dtype": dtype,
     }  # fmt: skip
     given = {k: v for k, v in options.items() if v is not None}
@@ -164,6 +174,8 @@ def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
          f"{_fmt(s['e2e_latency_s']['p50'])} / {_fmt(s['e2e_latency_s']['p99'])} s"),
         ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
         ("internal fragmentation (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
+        ("KV tokens / reserved / int. / ext. frag / free",
+         " / ".join(f"{s[k]:.1%}" for k in BREAKDOWN_FIELDS)),
         ("preemptions", f"{s['num_preemptions']:,}"),
         ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
         ("simulator wall time",

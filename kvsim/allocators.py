@@ -1,0 +1,54 @@
+"""The KV allocator of a run: vLLM's paged BlockManager or a contiguous baseline.
+
+Every allocator gets the same KV memory: ``num_blocks x block_size`` slots of the paged
+configuration, whether given or planned from GPU memory. A contiguous allocator (engine/
+contiguous.py) works at slot granularity over exactly those slots.
+
+Contiguous regions are read by a contiguous attention kernel (Orca / FasterTransformer style),
+so the cost model charges one block-table entry per sequence, not one per reserved slot.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from engine import BlockManager, Scheduler, SchedulerOutput, StepKind
+from engine.contiguous import POLICIES, ContiguousAllocator
+from kvsim.config import ALLOCATORS
+from kvsim.costmodel import causal_pairs
+from kvsim.executor import CostModelExecutor
+
+__all__ = ["ALLOCATORS", "ContiguousCostExecutor", "build_allocator"]
+
+
+def build_allocator(
+    allocator: str,
+    num_blocks: int,
+    block_size: int,
+    watermark: float,
+    max_model_len: int | None,
+) -> BlockManager:
+    """The BlockManager, or a ContiguousAllocator over ``num_blocks x block_size`` slots
+    (typed as the BlockManager whose interface it implements for the Scheduler)."""
+    if allocator == "paged":
+        return BlockManager(num_blocks, block_size, watermark)
+    if allocator not in POLICIES:
+        raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
+    contiguous = ContiguousAllocator(num_blocks * block_size, allocator, max_model_len)
+    return cast(BlockManager, contiguous)
+
+
+class ContiguousCostExecutor(CostModelExecutor):
+    """Cost mode for contiguous allocators: one block-table entry per sequence (its region)."""
+
+    def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
+        return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_seqs)
+
+    def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
+        n = len(out.seqs)
+        if out.kind is StepKind.DECODE:
+            return self.decode_step_time(n, scheduler.num_cached_tokens + n, n)
+        pairs = 0
+        for seq, new in zip(out.seqs, out.num_new_tokens):
+            pairs += causal_pairs(new, seq.cached_token_count)
+        return self.cost_model.step_time_of(n, out.num_batched_tokens, pairs, 0, n)
