@@ -110,14 +110,18 @@ class EventRecorder:
         chunk_size: int = 1 << 16,
         on_chunk: ChunkCallback | None = None,
         keep_kinds: Iterable[EventKind] | None = None,
+        keep_block_ids: bool = True,
     ) -> None:
         """``on_chunk`` receives every packed chunk; the recorder itself keeps the events of
-        ``keep_kinds`` only (all kinds when None), so a streamed run stays small in memory."""
+        ``keep_kinds`` only (all kinds when None) and, without ``keep_block_ids``, only each
+        event's first block id (column ``first_block``, -1 for none), so a streamed run stays
+        small in memory."""
         self.clock = clock
         self.step = 0
         self.chunk_size = chunk_size
         self.on_chunk = on_chunk
         self.keep_kinds = None if keep_kinds is None else np.array(sorted(keep_kinds))
+        self.keep_block_ids = keep_block_ids
         self._rows: list[tuple[float, int, int, int, int, int, int]] = []
         self._block_ids: list[int] = []  # a list: extending it from a block table is a memcpy
         self._chunks: list[tuple[Columns, np.ndarray]] = []
@@ -172,6 +176,13 @@ class EventRecorder:
             block_keep = np.repeat(keep, chunk["num_blocks"])
             chunk = {n: c[keep] for n, c in chunk.items()}
             block_ids = block_ids[block_keep]
+        if not self.keep_block_ids:
+            counts = chunk["num_blocks"]
+            first = np.full(len(counts), -1, dtype=np.int64)
+            has = counts > 0
+            first[has] = block_ids[(np.cumsum(counts) - counts)[has]]
+            chunk["first_block"] = first
+            block_ids = block_ids[:0]
         self._chunks.append((chunk, block_ids))
 
     def flush(self) -> None:
@@ -180,11 +191,12 @@ class EventRecorder:
             self._pack()
 
     def columns(self) -> tuple[Columns, np.ndarray]:
-        """Every kept event as columns (``EVENT_COLUMNS``) and the flat block ids."""
+        """Every kept event as columns (``EVENT_COLUMNS``, plus ``first_block`` without
+        ``keep_block_ids``) and the flat block ids (empty without ``keep_block_ids``)."""
         self.flush()
         if not self._chunks:
             return _to_columns([], EVENT_COLUMNS, EVENT_DTYPES), np.empty(0, dtype=np.int64)
-        merged = {n: np.concatenate([c[n] for c, _ in self._chunks]) for n in EVENT_COLUMNS}
+        merged = {n: np.concatenate([c[n] for c, _ in self._chunks]) for n in self._chunks[0][0]}
         self._chunks = [(merged, np.concatenate([b for _, b in self._chunks]))]
         return self._chunks[0]
 

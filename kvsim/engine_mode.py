@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Sequence as TokenIds
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -106,7 +107,9 @@ def build_llm(config: RunConfig) -> LLMEngine:
         raise ConfigError(f"engine mode: cannot build model {config.model!r}: {exc}") from None
 
 
-def run_engine_mode(config: RunConfig, progress: Progress | None = None) -> RunResult:
+def run_engine_mode(
+    config: RunConfig, progress: Progress | None = None, events_path: Path | None = None
+) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     from kvsim.runner import load_workload, simulate
 
@@ -137,6 +140,7 @@ def run_engine_mode(config: RunConfig, progress: Progress | None = None) -> RunR
         progress,
         scheduler=scheduler,
         prompt_tokens_of=tokens_of,
+        events_path=events_path,
     )
 
 

@@ -117,9 +117,12 @@ def _external_contiguous(
 ) -> np.ndarray:
     """Per STEP event: free slots in buddy holes smaller than the waiting head's block."""
     kind, nb = cols["kind"], cols["num_blocks"]
-    first_block = np.full(len(kind), -1, dtype=np.int64)
-    has = nb > 0
-    first_block[has] = block_ids[(np.cumsum(nb) - nb)[has]]
+    if "first_block" in cols:  # a streamed run keeps only each event's first block id
+        first_block = cols["first_block"]
+    else:
+        first_block = np.full(len(kind), -1, dtype=np.int64)
+        has = nb > 0
+        first_block[has] = block_ids[(np.cumsum(nb) - nb)[has]]
     wanted = (
         EventKind.ARRIVE, EventKind.ADMIT, EventKind.RESUME, EventKind.REJECT, EventKind.ABORT,
         EventKind.PREEMPT, EventKind.ALLOCATE, EventKind.FREE, EventKind.STEP,

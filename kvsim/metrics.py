@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from engine import EventKind, StepKind
+from kvsim.events_io import EVENT_KIND_NAMES, exploded_frame
 from kvsim.kv_breakdown import breakdown_means
 from kvsim.sim import SimResult
 
@@ -22,28 +23,25 @@ STATUS_BY_END_KIND = {
     EventKind.ABORT: "aborted",
     EventKind.REJECT: "rejected",
 }
-EVENT_KIND_NAMES = [k.name for k in EventKind]
 STEP_KIND_NAMES = [str(k) for k in StepKind]
 
 
 def events_frame(result: SimResult) -> pd.DataFrame:
     """events.parquet: one row per (event, block); events without blocks have block_id -1."""
     cols, block_ids = result.recorder.columns()
-    counts = cols["num_blocks"]
-    rows = np.maximum(counts, 1)
-    expanded_blocks = np.full(int(rows.sum()), -1, dtype=np.int64)
-    # Rows of events that carry blocks take their ids in order; the rest keep -1.
-    has_blocks = np.repeat(counts > 0, rows)
-    expanded_blocks[has_blocks] = block_ids
+    return exploded_frame(cols, block_ids)
+
+
+def mark_events(result: SimResult) -> pd.DataFrame:
+    """PREEMPT and REJECT events (time_s, kind, seq_id, free_blocks): the plots' markers."""
+    cols, _ = result.recorder.columns()
+    keep = np.isin(cols["kind"], (EventKind.PREEMPT, EventKind.REJECT))
     return pd.DataFrame(
         {
-            "time_s": np.repeat(cols["time_s"], rows),
-            "step": np.repeat(cols["step"], rows),
-            "kind": pd.Categorical.from_codes(np.repeat(cols["kind"], rows), EVENT_KIND_NAMES),
-            "seq_id": np.repeat(cols["seq_id"], rows),
-            "block_id": expanded_blocks,
-            "free_blocks": np.repeat(cols["free_blocks"], rows),
-            "num_tokens": np.repeat(cols["num_tokens"], rows),
+            "time_s": cols["time_s"][keep],
+            "kind": pd.Categorical.from_codes(cols["kind"][keep], EVENT_KIND_NAMES),
+            "seq_id": cols["seq_id"][keep],
+            "free_blocks": cols["free_blocks"][keep],
         }
     )
 

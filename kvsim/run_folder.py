@@ -7,6 +7,7 @@ leaves a half-written run behind. Reading it back gives the same tables.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,14 +49,21 @@ def write_run(result: RunResult, out: Path, *, plots: bool = True) -> Path:
         }
         (tmp / "config.json").write_bytes(_json_bytes(config))
         (tmp / "summary.json").write_bytes(_json_bytes(_nan_to_none(result.summary)))
-        for name in TABLES:
+        for name in ("requests", "steps"):
             frame: pd.DataFrame = getattr(result, name)
             frame.to_parquet(tmp / f"{name}.parquet", index=False, compression="zstd")
+        if result.events is not None:
+            result.events.to_parquet(tmp / "events.parquet", index=False, compression="zstd")
+        elif result.events_path is not None:
+            shutil.move(result.events_path, tmp / "events.parquet")
+        else:
+            raise RunFolderError("the run has neither events in memory nor an events file")
         if plots:
             from kvsim.plots import write_run_plots
 
-            marks = result.events[result.events["kind"].isin(["PREEMPT", "REJECT"])]
-            write_run_plots(result.steps, result.requests, result.summary, tmp / "plots", marks)
+            write_run_plots(
+                result.steps, result.requests, result.summary, tmp / "plots", result.marks
+            )
     return out
 
 

@@ -21,9 +21,10 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
+from kvsim.events_io import EventsParquetWriter
 from kvsim.executor import CostModelExecutor, Executor
 from kvsim.kv_breakdown import add_kv_breakdown
-from kvsim.metrics import events_frame, requests_frame, steps_frame, summarize
+from kvsim.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
 from kvsim.sim import Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
@@ -37,7 +38,9 @@ class RunResult:
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
-    events: pd.DataFrame
+    events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
+    events_path: Path | None = None
+    marks: pd.DataFrame | None = None  # PREEMPT and REJECT events, for the plots
 
 
 def load_workload(config: RunConfig) -> tuple[Path, Trace]:
@@ -77,12 +80,17 @@ def resolve_num_blocks(config: RunConfig, cost_model: CostModel) -> tuple[int, d
     return plan.num_blocks, {"source": "planned from GPU memory", **dataclasses.asdict(plan)}
 
 
-def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
-    """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode."""
+def run(
+    config: RunConfig, progress: Progress | None = None, events_path: Path | None = None
+) -> RunResult:
+    """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode.
+
+    With ``events_path`` the events are streamed to that Parquet file as the run goes (memory
+    stays bounded whatever the trace's length) and ``RunResult.events`` is None."""
     if config.mode == "engine":
         from kvsim.engine_mode import run_engine_mode
 
-        return run_engine_mode(config, progress)
+        return run_engine_mode(config, progress, events_path)
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     num_blocks, plan = resolve_num_blocks(config, cost_model)
@@ -97,7 +105,10 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
         "memory_plan": plan,
         "cost_model": cost_model.describe(),
     }
-    return simulate(config, trace, num_blocks, max_model_len, executor, resolved, progress)
+    return simulate(
+        config, trace, num_blocks, max_model_len, executor, resolved, progress,
+        events_path=events_path,
+    )  # fmt: skip
 
 
 def simulate(
@@ -111,6 +122,7 @@ def simulate(
     *,
     scheduler: Scheduler | None = None,
     prompt_tokens_of: Callable[[Request], Any] | None = None,
+    events_path: Path | None = None,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
     and BlockManager built from ``config``, ``num_blocks`` and ``max_model_len``)."""
@@ -133,10 +145,23 @@ def simulate(
         seed=config.seed,
         until=config.until,
     )
-    sim = Simulation(trace.requests, scheduler, executor, settings, prompt_tokens_of)
-    result = sim.run(progress)
+    writer = EventsParquetWriter(events_path) if events_path is not None else None
+    sim = Simulation(
+        trace.requests,
+        scheduler,
+        executor,
+        settings,
+        prompt_tokens_of,
+        on_events_chunk=writer.write_chunk if writer is not None else None,
+    )
+    try:
+        result = sim.run(progress)
+    finally:
+        if writer is not None:
+            writer.close()
     steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len)
     requests = requests_frame(result, steps)
-    events = events_frame(result)
+    events = events_frame(result) if writer is None else None
     summary = summarize(result, requests, steps)
-    return RunResult(config, resolved, summary, requests, steps, events)
+    marks = mark_events(result)
+    return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

@@ -19,14 +19,14 @@ import functools
 import operator
 import time
 from array import array
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import simpy
 
-from engine import BlockManager, EventKind, EventRecorder, SamplingParams, Scheduler, Sequence
+from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.events import ChunkCallback
 from kvsim.executor import Executor
 from workloads import Request, closed_loop
@@ -72,7 +72,6 @@ class Simulation:
         prompt_tokens_of: Callable[[Request], Any] | None = None,
         *,
         on_events_chunk: ChunkCallback | None = None,
-        keep_kinds: Iterable[EventKind] | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
@@ -84,7 +83,8 @@ class Simulation:
         self.recorder = EventRecorder(
             clock=functools.partial(operator.attrgetter("now"), self.env),
             on_chunk=on_events_chunk,
-            keep_kinds=keep_kinds,
+            # Streamed: everything goes to disk; memory keeps rows but not block-id lists.
+            keep_block_ids=on_events_chunk is None,
         )
         scheduler.event_sink = self.recorder
         scheduler.block_manager.event_sink = self.recorder

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -117,17 +119,32 @@ def run_command(
             config = RunConfig.load(config_file).replace(**given)
         else:
             config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
-        result = _run_with_progress(config)
         out_dir = out or default_out(config.trace)
-        from kvsim.run_folder import write_run
-
-        write_run(result, out_dir, plots=not no_plots)
+        result = _run_and_write(config, out_dir, plots=not no_plots)
     except USER_ERRORS as exc:
         fail(str(exc))
     _print_summary(result.summary, out_dir)
 
 
-def _run_with_progress(config: RunConfig) -> Any:
+def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool) -> Any:
+    """Run with the events streamed to a temporary file beside the run folder (so memory stays
+    bounded), then write the folder; the temporary file never outlives a failure."""
+    from kvsim.run_folder import write_run
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{out_dir.name}.events-", suffix=".parquet",
+                                dir=out_dir.parent)  # fmt: skip
+    os.close(fd)
+    events_path = Path(name)
+    try:
+        result = _run_with_progress(config, events_path)
+        write_run(result, out_dir, plots=plots)
+    finally:
+        events_path.unlink(missing_ok=True)
+    return result
+
+
+def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
     from kvsim.runner import run
 
     with Progress(
@@ -145,7 +162,7 @@ def _run_with_progress(config: RunConfig) -> Any:
         def progress(sim_s: float, done: int) -> None:
             bar.update(task, completed=done, sim_s=sim_s)
 
-        return run(config, progress)
+        return run(config, progress, events_path)
 
 
 def _fmt(value: Any, unit: str = "") -> str:
