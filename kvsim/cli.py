@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from kvsim.commands import run, traces
+from kvsim.commands import plot, run, traces
+from kvsim.commands import sweep
 
 app = typer.Typer(
     name="kvsim",
@@ -20,6 +21,8 @@ app = typer.Typer(
 
 run.register(app)
 traces.register(app)
+sweep.register(app)
+plot.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,108 @@
+"""The block occupancy map: physical block id x time, coloured by state or by owning request.
+
+The map never draws one cell per block: ``kvsim.occupancy.occupancy_grid`` aggregates blocks
+and time into at most ``max_rows`` x ``cols`` cells (about the figure's pixels), each holding
+the share of its block-seconds in use, so 10 blocks and 100,000 blocks draw alike and fast.
+With one row per block the cells can instead take the colour of the request holding the block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.colors import LinearSegmentedColormap, to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from kvsim.occupancy import SHARED, OccupancyGrid, block_intervals, occupancy_grid
+from kvsim.plots._common import COLORS, new_axes
+
+STATE_CMAP = LinearSegmentedColormap.from_list(
+    "kvsim_occupancy", [COLORS["free"], "#90cdf4", COLORS["filled"], "#1a365d"]
+)
+# Request colours, cycled by seq_id: saturated ones only, so none reads as a free block.
+OWNER_PALETTE = np.array([*colormaps["tab10"].colors, *colormaps["Dark2"].colors])
+AUTO_BY_REQUEST_MAX_BLOCKS = 256
+AUTO_BY_REQUEST_MAX_REQUESTS = 50
+
+
+def owner_image(grid: OccupancyGrid) -> np.ndarray:
+    """RGB image (rows, cols, 3) of an owner grid: each request its palette colour; free cells
+    shaded by their in-use share (a block held only briefly within a column); shared black."""
+    assert grid.owner is not None, "owner colours need one row per block"
+    owner = grid.owner
+    free, used = np.array(to_rgb(COLORS["free"])), np.array(to_rgb(COLORS["filled"]))
+    image = free + grid.share[..., None] * (used - free)
+    held = owner >= 0
+    image[held] = OWNER_PALETTE[owner[held] % len(OWNER_PALETTE)]
+    image[owner == SHARED] = 0.0
+    return image
+
+
+def plot_occupancy_grid(grid: OccupancyGrid, num_blocks: int, *, by_request: bool) -> Figure:
+    """Draw an ``OccupancyGrid`` (see ``plot_occupancy``)."""
+    fig, ax = new_axes("", "simulated time (s)", "physical block id", size=(10, 5))
+    ax.grid(False)
+    t_from, t_to = float(grid.time_edges[0]), float(grid.time_edges[-1])
+    extent = (t_from, t_to, num_blocks - 0.5, -0.5)
+    rows = len(grid.row_edges) - 1
+    per_row = (
+        f"one row per {num_blocks / rows:,.3g} blocks" if rows < num_blocks else "one row per block"
+    )
+    if by_request:
+        ax.imshow(owner_image(grid), aspect="auto", extent=extent, interpolation="nearest")
+        handles = [
+            Patch(color=COLORS["free"], label="free"),
+            Patch(color=OWNER_PALETTE[0], label="in use (colour: request)"),
+        ]
+        fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize="small")
+    else:
+        image = ax.imshow(
+            grid.share,
+            aspect="auto",
+            extent=extent,
+            interpolation="nearest",
+            cmap=STATE_CMAP,
+            vmin=0.0,
+            vmax=1.0,
+        )
+        fig.colorbar(image, ax=ax, label="share of blocks in use", fraction=0.05, pad=0.01)
+    ax.set_title(f"Block occupancy: {num_blocks:,} blocks, {per_row}")
+    if num_blocks <= 16:
+        ax.set_yticks(np.arange(num_blocks))
+    return fig
+
+
+def plot_occupancy(
+    events: pd.DataFrame,
+    num_blocks: int,
+    *,
+    t_from: float | None = None,
+    t_to: float | None = None,
+    by_request: bool | None = None,
+    max_rows: int = 400,
+    cols: int = 800,
+    end_s: float | None = None,
+    intervals: pd.DataFrame | None = None,
+) -> Figure:
+    """Block occupancy map of a run over [t_from, t_to] (s; default the whole run, ending at
+    ``end_s`` or the last event). ``by_request``: colour held blocks by owning request
+    (default: when the pool has at most 256 blocks); otherwise by the share of blocks in use
+    per cell. Pass ``intervals`` (``block_intervals``) to reuse a reconstruction."""
+    if intervals is None:
+        intervals = block_intervals(events, end_s)
+    if end_s is None:
+        end_s = float(events["time_s"].max()) if len(events) else 1.0
+    lo = 0.0 if t_from is None else t_from
+    hi = end_s if t_to is None else t_to
+    if hi <= lo:
+        hi = lo + 1.0
+    if by_request is None:
+        live = (intervals["end_s"] > lo) & (intervals["start_s"] < hi)
+        by_request = (
+            num_blocks <= min(AUTO_BY_REQUEST_MAX_BLOCKS, max_rows)
+            and intervals.loc[live, "seq_id"].nunique() <= AUTO_BY_REQUEST_MAX_REQUESTS
+        )
+    grid = occupancy_grid(intervals, num_blocks, lo, hi, max_rows=max_rows, cols=cols)
+    return plot_occupancy_grid(grid, num_blocks, by_request=by_request and grid.owner is not None)

@@ -1,0 +1,131 @@
+"""The named pictures of one run, drawn from its tables: what ``kvsim plot``, ``kvsim run`` and
+``kvsim report`` draw. A run is anything with ``summary``, ``requests``, ``steps`` and
+``events`` (a ``RunFolder`` read back from disk or a ``RunResult`` in memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from kvsim.plots._common import save_png, window
+from kvsim.plots.occupancy_map import plot_occupancy
+from kvsim.plots.requests import MAX_GANTT_REQUESTS, plot_gantt, plot_latency_cdfs
+from kvsim.plots.timeseries import plot_batch_size, plot_free_blocks, plot_kv_breakdown
+
+# Picture name -> file name in a run folder's plots/.
+PICTURES = {
+    "occupancy": "occupancy.png",
+    "free-blocks": "free_blocks.png",
+    "kv-breakdown": "kv_breakdown.png",
+    "gantt": "gantt.png",
+    "latency": "latency_cdfs.png",
+    "batch": "batch_size.png",
+}
+
+
+class RunTables(Protocol):
+    """What the pictures read from a run."""
+
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    events: pd.DataFrame
+
+
+def gantt_default_seq_ids(requests: pd.DataFrame, n: int = MAX_GANTT_REQUESTS) -> np.ndarray:
+    """``n`` consecutive requests worth a look: around the first preempted one, if any,
+    else the first ``n``."""
+    seq_ids = requests["seq_id"].to_numpy()
+    preempted = np.flatnonzero(requests["num_preemptions"].to_numpy() > 0)
+    start = max(0, int(preempted[0]) - n // 4) if len(preempted) else 0
+    return seq_ids[start : start + n]
+
+
+def draw(
+    run: RunTables, name: str, *, t_from: float | None = None, t_to: float | None = None
+) -> Figure:
+    """The picture ``name`` (a key of ``PICTURES``) of ``run`` over [t_from, t_to] (s)."""
+    s = run.summary
+    num_blocks, end_s = int(s["num_blocks"]), float(s["sim_duration_s"])
+    window_given = t_from is not None or t_to is not None
+    if name == "occupancy":
+        return plot_occupancy(run.events, num_blocks, t_from=t_from, t_to=t_to, end_s=end_s)
+    if name == "free-blocks":
+        return plot_free_blocks(
+            run.steps, run.events, num_blocks=num_blocks, t_from=t_from, t_to=t_to
+        )
+    if name == "kv-breakdown":
+        total_slots = num_blocks * int(s["block_size"])
+        return plot_kv_breakdown(run.steps, total_slots, t_from=t_from, t_to=t_to)
+    if name == "gantt":
+        seq_ids = None if window_given else gantt_default_seq_ids(run.requests)
+        return plot_gantt(
+            run.events,
+            run.steps,
+            requests=run.requests,
+            seq_ids=seq_ids,
+            t_from=t_from,
+            t_to=t_to,
+            end_s=end_s,
+        )
+    if name == "latency":
+        return plot_latency_cdfs(window(run.requests, t_from, t_to, "arrival_time_s"))
+    if name == "batch":
+        return plot_batch_size(run.steps, t_from=t_from, t_to=t_to)
+    raise KeyError(f"no picture named {name!r}; pictures: {', '.join(PICTURES)}")
+
+
+def write_pictures(
+    run: RunTables,
+    folder: Path,
+    names: list[str] | None = None,
+    *,
+    t_from: float | None = None,
+    t_to: float | None = None,
+) -> list[Path]:
+    """Draw ``names`` (default all of ``PICTURES``) as PNGs into ``folder``, each written
+    atomically; return their paths."""
+    return [
+        save_png(draw(run, name, t_from=t_from, t_to=t_to), Path(folder) / PICTURES[name])
+        for name in names or list(PICTURES)
+    ]
+
+
+def write_run_plots(
+    steps: pd.DataFrame,
+    requests: pd.DataFrame,
+    summary: dict[str, Any],
+    folder: Path,
+    events: pd.DataFrame | None = None,
+) -> list[Path]:
+    """``kvsim run``'s pictures as PNGs in ``folder``: free blocks (marks from ``events``), KV
+    breakdown, batch size, latency CDFs; the occupancy map and Gantt chart too when
+    ``events`` holds the whole stream (block and admission events)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    events = events if events is not None else pd.DataFrame({"kind": [], "time_s": []})
+    tables = _Tables(summary, requests, steps, events)
+    names = ["free-blocks", "kv-breakdown", "batch", "latency"]
+    if events["kind"].isin(["ALLOCATE", "ADMIT"]).any():
+        names += ["occupancy", "gantt"]
+    paths = write_pictures(tables, folder, names)
+    plt.close("all")
+    return paths
+
+
+class _Tables:
+    __slots__ = ("events", "requests", "steps", "summary")
+
+    def __init__(
+        self,
+        summary: dict[str, Any],
+        requests: pd.DataFrame,
+        steps: pd.DataFrame,
+        events: pd.DataFrame,
+    ) -> None:
+        self.summary, self.requests, self.steps, self.events = summary, requests, steps, events

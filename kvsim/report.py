@@ -1,0 +1,167 @@
+"""report.html for one run: a summary table, the options, and every picture, in one file.
+
+The page is self-contained: inline CSS and the pictures as base64 PNGs, no scripts, no
+network, so it opens offline and can be mailed around. The pictures are ``kvsim.plots.draw``'s,
+the same the CLI writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+from kvsim.plots import PICTURES, RunTables, draw, png_bytes
+from kvsim.plots._common import write_output
+
+CAPTIONS = {
+    "occupancy": "Block occupancy: physical block id over time, coloured by owning request "
+    "(small pools, few requests) or by the share of blocks in use.",
+    "free-blocks": "Free KV blocks after each step; preemptions and rejections marked.",
+    "kv-breakdown": "KV slots: token states, internal fragmentation (allocated, unfilled), free.",
+    "gantt": "Request states: queued, prefill, decode, preempted (requests around the first "
+    "preemption, or those in the window).",
+    "latency": "Latency CDFs over the requests where each is defined.",
+    "batch": "Sequences per step and tokens computed per step.",
+}
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1a202c; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #cbd5e0; padding: 0.25em 0.7em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #edf2f7; } .tables { display: flex; gap: 2em; flex-wrap: wrap; }
+img { max-width: 100%; border: 1px solid #e2e8f0; } figcaption { color: #4a5568; }
+footer { margin-top: 2em; color: #718096; font-size: 0.8em; }
+"""
+DISTRIBUTIONS = (
+    ("queueing delay", "queueing_delay_s"),
+    ("TTFT", "ttft_s"),
+    ("TPOT", "tpot_s"),
+    ("end-to-end", "e2e_latency_s"),
+)
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.4g}{unit}" if abs(value) < 1000 else f"{value:,.0f}{unit}"
+    return f"{value:,}{unit}" if isinstance(value, int) else str(value)
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header) if header else ""
+    body = "".join(
+        "<tr><th>"
+        + html.escape(r[0])
+        + "</th>"
+        + "".join(f'<td class="num">{html.escape(c)}</td>' for c in r[1:])
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>"
+
+
+def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline numbers of ``summary.json`` as (name, formatted value) rows."""
+    return [
+        ("requests", _fmt(s["num_requests"])),
+        (
+            "finished / rejected / aborted / unfinished",
+            " / ".join(
+                _fmt(s[k])
+                for k in ("num_finished", "num_rejected", "num_aborted", "num_unfinished")
+            ),
+        ),
+        ("KV pool", f"{s['num_blocks']:,} blocks x {s['block_size']} tokens"),
+        ("simulated time", _fmt(s["sim_duration_s"], " s")),
+        ("steps", _fmt(s["num_steps"])),
+        (
+            "throughput",
+            f"{_fmt(s['throughput_requests_per_s'])} req/s, "
+            f"{_fmt(s['throughput_output_tokens_per_s'])} output tok/s",
+        ),
+        ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
+        ("internal fragmentation (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
+        ("preemptions", _fmt(s["num_preemptions"])),
+        (
+            "mean running / mean batch / max batch",
+            f"{_fmt(s['mean_running_seqs'])} / {_fmt(s['mean_batch_size'])} / "
+            f"{_fmt(s['max_batch_size'])}",
+        ),
+        ("simulator wall time", _fmt(s.get("wall_time_s"), " s")),
+    ]
+
+
+def latency_rows(s: dict[str, Any]) -> list[tuple[str, ...]]:
+    """(name, mean, p50, p90, p99) rows, in seconds."""
+    return [
+        (name, *(_fmt((s.get(key) or {}).get(q)) for q in ("mean", "p50", "p90", "p99")))
+        for name, key in DISTRIBUTIONS
+    ]
+
+
+def _options_rows(run: Any) -> list[tuple[str, str]]:
+    config = getattr(run, "config", None)
+    options = config.to_dict() if config is not None else {}
+    rows = [(k, _fmt(v)) for k, v in options.items() if v is not None]
+    resolved = getattr(run, "resolved", None) or {}
+    for key in ("num_blocks", "max_model_len", "trace_path"):
+        if key in resolved:
+            rows.append((f"resolved {key}", _fmt(resolved[key])))
+    return rows
+
+
+def build_report(
+    run: RunTables,
+    *,
+    title: str = "kvsim run",
+    names: list[str] | None = None,
+    t_from: float | None = None,
+    t_to: float | None = None,
+) -> str:
+    """The report page of ``run`` as an HTML string (pictures ``names``, default all)."""
+    figures = []
+    for name in names or list(PICTURES):
+        fig = draw(run, name, t_from=t_from, t_to=t_to)
+        data = base64.b64encode(png_bytes(fig)).decode("ascii")
+        plt.close(fig)
+        figures.append(
+            f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(CAPTIONS.get(name, name))}</figcaption></figure>"
+        )
+    window = ""
+    if t_from is not None or t_to is not None:
+        window = f"<p>Pictures over {_fmt(t_from or 0.0)} s to {_fmt(t_to)} s.</p>"
+    options = _options_rows(run)
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+            f"<h1>{html.escape(title)}</h1>",
+            window,
+            '<div class="tables"><div><h2>Summary</h2>',
+            _table(summary_rows(run.summary)),
+            "<h2>Latency (s)</h2>",
+            _table(latency_rows(run.summary), ("", "mean", "p50", "p90", "p99")),
+            "</div>",
+            ("<div><h2>Options</h2>" + _table(options) + "</div>") if options else "",
+            "</div>",
+            "<h2>Pictures</h2>",
+            *figures,
+            "<footer>Written by kvsim report. Definitions: docs/metrics.md.</footer>",
+            "</body></html>",
+        ]
+    )
+
+
+def write_report(run: RunTables, out: Path, **options: Any) -> Path:
+    """Write ``build_report(run, **options)`` to ``out`` atomically; returns ``out``."""
+    return write_output(Path(out), build_report(run, **options).encode("utf-8"))

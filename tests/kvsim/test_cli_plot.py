@@ -1,0 +1,112 @@
+"""``kvsim plot / animate / report / export-trace`` through typer's CliRunner: exit codes, the
+files written, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from typer.testing import CliRunner, Result
+
+from kvsim.cli import app
+from kvsim.perfetto import validate_trace
+from kvsim.plots import PICTURES
+from kvsim.run_folder import write_run
+from kvsim.runner import RunResult
+
+
+def kvsim(*args: str | Path) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_one_error_line(result: Result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def run_dir(pressured_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pressured run (preemptions and rejections) as a run folder without plots."""
+    return write_run(pressured_run, tmp_path_factory.mktemp("cli") / "run", plots=False)
+
+
+def test_plot_draws_every_picture_into_the_run_folder(run_dir: Path) -> None:
+    result = kvsim("plot", run_dir, "--from", "100", "--to", "130")
+    assert result.exit_code == 0, result.output
+    pngs = sorted(p.name for p in (run_dir / "plots").iterdir())
+    assert pngs == sorted(PICTURES.values())
+    assert all((run_dir / "plots" / p).read_bytes().startswith(b"\x89PNG") for p in pngs)
+
+
+def test_plot_some_pictures_elsewhere(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pics"
+    result = kvsim("plot", run_dir, "--what", "gantt", "-w", "occupancy", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "occupancy.png"]
+
+
+@pytest.mark.parametrize("command", ["plot", "report", "export-trace"])
+def test_a_bad_run_dir_is_one_line(command: str, tmp_path: Path) -> None:
+    assert_one_error_line(kvsim(command, tmp_path / "nope"), "not a run folder")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    assert_one_error_line(kvsim(command, tmp_path / "half"), "missing summary.json")
+
+
+def test_a_bad_window_is_one_line(run_dir: Path) -> None:
+    assert_one_error_line(kvsim("plot", run_dir, "--from", "5", "--to", "3"), "--to")
+    assert_one_error_line(kvsim("report", run_dir, "--from", "-1"), "--from must be >= 0")
+
+
+def test_animate_writes_a_gif(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "blocks.gif"
+    args = ("--from", "100", "--to", "110", "--frames", "4", "--fps", "2")
+    result = kvsim("animate", run_dir, "-o", out, *args)
+    assert result.exit_code == 0, result.output
+    with Image.open(out) as gif:
+        assert gif.format == "GIF"
+        assert gif.n_frames == 4
+
+
+def test_animate_refuses_what_it_cannot_write(run_dir: Path, tmp_path: Path) -> None:
+    assert_one_error_line(kvsim("animate", run_dir, "-o", tmp_path / "a.avi"), ".gif or an .mp4")
+    assert_one_error_line(
+        kvsim("animate", run_dir, "-o", tmp_path / "a.gif", "--frames", "0"), "frames"
+    )
+    if shutil.which("ffmpeg") is None:
+        assert_one_error_line(kvsim("animate", run_dir, "-o", tmp_path / "a.mp4"), "ffmpeg")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_is_one_self_contained_file(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    result = kvsim("report", run_dir, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == [out]
+    page = out.read_text()
+    assert page.count('src="data:image/png;base64,') == len(PICTURES)
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "preemptions" in page and ">240 blocks x 16 tokens<" in page
+
+
+def test_export_trace_writes_a_valid_timeline(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run.perfetto.json"
+    result = kvsim("export-trace", run_dir, "-o", out, "--to", "60", "--max-requests", "3")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    validate_trace(doc)
+    threads = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 2}
+    assert len(threads) == 3
+
+
+def test_export_trace_defaults_into_the_run_folder(run_dir: Path) -> None:
+    result = kvsim("export-trace", run_dir)
+    assert result.exit_code == 0, result.output
+    validate_trace(json.loads((run_dir / "run.perfetto.json").read_text()))
