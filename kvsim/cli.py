@@ -9,7 +9,6 @@ from __future__ import annotations
 import typer
 
 from kvsim.commands import plot, run, traces
-from kvsim.commands import sweep
 
 app = typer.Typer(
     name="kvsim",
@@ -21,7 +20,6 @@ app = typer.Typer(
 
 run.register(app)
 traces.register(app)
-sweep.register(app)
 plot.register(app)
 
 
