@@ -7,7 +7,9 @@ concatenated in batch order. Sequence b has query_len q_b new tokens at position
 
 - Decode (one new token per sequence) is vectorised over the batch: every sequence's K/V is
   gathered through its block table into a padded [B, kv_heads, L, head_dim] view with one
-  index_select, and an additive mask hides each sequence's padding. The query heads of a GQA
+  index_select, and an additive mask hides each sequence's padding. A large ragged batch is
+  first sorted by context length and cut into at most 4 groups, each padded to its own longest
+  context (a loop over groups, never over sequences). The query heads of a GQA
   group are folded into the query-row axis, so K/V are never copied per query head.
 - Prefill runs one fused SDPA call per sequence (the work is quadratic in its length, the loop
   is not the cost): causal on this step's K/V when nothing is cached, and bottom-right causal
@@ -16,6 +18,7 @@ concatenated in batch order. Sequence b has query_len q_b new tokens at position
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -52,14 +55,28 @@ class GatherWorkspace:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeGroup:
+    """Decode sequences of similar context length, gathered and attended together."""
+
+    index: torch.Tensor | None  # [g] int64 rows of the batch; None: the whole batch, in order
+    block_tables: torch.Tensor  # [g, nb] int64, padded with block 0
+    max_context_len: int  # L: keys gathered per sequence
+    mask: torch.Tensor | None  # additive 0 / -inf [g, 1, 1, L]; None if no padding
+
+
+MAX_DECODE_GROUPS = 4  # decode batches split into at most this many length groups ...
+MIN_DECODE_GROUP = 8  # ... of at least this many sequences ...
+MIN_PADDING_SAVED = 0.2  # ... when that saves this share of the padded keys
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionMetadata:
     """Per-step index tensors shared by every layer (tensors on the model's device)."""
 
     is_decode: bool  # every sequence has exactly one new token
     slot_mapping: torch.Tensor  # [T] int64, flat slot of every new token
     block_tables: torch.Tensor  # [B, max_blocks] int64, context blocks, padded with block 0
-    max_context_len: int  # keys gathered per sequence in decode: max(context_lens)
-    decode_mask: torch.Tensor | None  # decode: additive 0 / -inf [B, 1, 1, max_context_len]
+    decode_groups: tuple[DecodeGroup, ...]  # decode: the batch split by context length
     query_lens: tuple[int, ...]  # per sequence: new tokens this step
     context_lens: tuple[int, ...]  # per sequence: cached + new tokens (keys it reads)
     workspace: GatherWorkspace | None = None  # scratch for decode gathers
@@ -90,29 +107,72 @@ def build_attention_metadata(
     bad = [(q, c) for q, c in zip(query_lens, context_lens) if not 1 <= q <= c]
     if bad:
         raise ValueError(f"(query_len, context_len) pairs {bad[:3]} break 1 <= query <= context")
-    max_ctx = max(context_lens)
     is_decode = max(query_lens) == 1
     # only the blocks holding context: an allocator may have reserved more ahead
     needed = [-(-c // block_size) for c in context_lens]
     if any(len(t) < n for t, n in zip(block_tables, needed)):
         raise ValueError(f"a block table is shorter than its context of {context_lens} tokens")
-    max_blocks = max(needed)
-    padded = [t[:n] + [0] * (max_blocks - n) for t, n in zip(block_tables, needed)]
-    decode_mask = None
+    tables = [t[:n] for t, n in zip(block_tables, needed)]
+    groups: tuple[DecodeGroup, ...] = ()
     if is_decode:
-        keys = torch.arange(max_ctx)[None, :]  # [1, L]
-        hidden = keys >= torch.tensor(context_lens)[:, None]  # [B, L]
-        mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
-        decode_mask = mask[:, None, None, :].to(device)  # [B, 1, 1, L]
+        groups = tuple(
+            _decode_group(rows, tables, context_lens, batch_order, device, dtype)
+            for rows, batch_order in _split_by_length(context_lens)
+        )
     return AttentionMetadata(
         is_decode=is_decode,
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64).to(device),
-        block_tables=torch.tensor(padded, dtype=torch.int64).to(device),
-        max_context_len=max_ctx,
-        decode_mask=decode_mask,
+        block_tables=_padded_tensor(tables, device),
+        decode_groups=groups,
         query_lens=tuple(query_lens),
         context_lens=tuple(context_lens),
         workspace=workspace,
+    )
+
+
+def _padded_tensor(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    width = max(1, max(len(t) for t in tables))
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64).to(device)
+
+
+def _split_by_length(context_lens: list[int]) -> list[tuple[list[int], bool]]:
+    """Rows of each decode group, and whether the group is the whole batch in order.
+
+    Sorted by context length and cut into equal-count groups when that saves enough padding
+    (each group is padded to its own longest context instead of the batch's).
+    """
+    batch = len(context_lens)
+    num_groups = min(MAX_DECODE_GROUPS, batch // MIN_DECODE_GROUP)
+    if num_groups > 1:
+        order = sorted(range(batch), key=context_lens.__getitem__)
+        cuts = [batch * i // num_groups for i in range(num_groups + 1)]
+        grouped = sum((b - a) * context_lens[order[b - 1]] for a, b in itertools.pairwise(cuts))
+        if grouped <= (1 - MIN_PADDING_SAVED) * batch * max(context_lens):
+            return [(order[a:b], False) for a, b in itertools.pairwise(cuts)]
+    return [(list(range(batch)), True)]
+
+
+def _decode_group(
+    rows: list[int],
+    tables: list[list[int]],
+    context_lens: list[int],
+    batch_order: bool,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> DecodeGroup:
+    ctx = [context_lens[r] for r in rows]
+    max_ctx = max(ctx)
+    mask = None
+    if min(ctx) < max_ctx:
+        keys = torch.arange(max_ctx)[None, :]  # [1, L]
+        hidden = keys >= torch.tensor(ctx)[:, None]  # [g, L]
+        additive = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+        mask = additive[:, None, None, :].to(device)  # [g, 1, 1, L]
+    return DecodeGroup(
+        index=None if batch_order else torch.tensor(rows, dtype=torch.int64).to(device),
+        block_tables=_padded_tensor([tables[r] for r in rows], device),
+        max_context_len=max_ctx,
+        mask=mask,
     )
 
 
@@ -151,15 +211,35 @@ def decode_attention(
     batch, heads, head_dim = query.shape
     kv_heads = key_cache.shape[2]
     q = query.view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, KVH, G, D]
-    tables, length, work = meta.block_tables, meta.max_context_len, meta.workspace
+    groups = meta.decode_groups
+    if len(groups) == 1 and groups[0].index is None:
+        out = _decode_group_attention(q, key_cache, value_cache, groups[0], meta.workspace)
+    else:
+        out = torch.empty_like(q)
+        for group in groups:
+            assert group.index is not None
+            q_group = q.index_select(0, group.index)  # [g, KVH, G, D]
+            o = _decode_group_attention(q_group, key_cache, value_cache, group, meta.workspace)
+            out.index_copy_(0, group.index, o)
+    return out.reshape(batch, heads, head_dim)
+
+
+def _decode_group_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: DecodeGroup,
+    work: GatherWorkspace | None,
+) -> torch.Tensor:
+    """q [g, KVH, G, D] -> [g, KVH, G, D] over the group's gathered K/V."""
+    tables, length = group.block_tables, group.max_context_len
     k_rows = v_rows = None
     if work is not None:
         k_rows = work.rows("key", tables.numel(), key_cache.view(key_cache.shape[0], -1))
         v_rows = work.rows("value", tables.numel(), value_cache.view(value_cache.shape[0], -1))
-    k = gather_kv(key_cache, tables, length, k_rows)  # [B, KVH, L, D]
+    k = gather_kv(key_cache, tables, length, k_rows)  # [g, KVH, L, D]
     v = gather_kv(value_cache, tables, length, v_rows)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask)  # [B,KVH,G,D]
-    return out.reshape(batch, heads, head_dim)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask)
 
 
 def prefill_attention(

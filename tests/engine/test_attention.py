@@ -112,6 +112,39 @@ def test_prefill_with_cached_prefix_attends_to_it(block_size: int, group: int) -
     torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_large_ragged_decode_batch_split_by_length_matches_reference(block_size: int) -> None:
+    cached = [(7 * i * i) % 90 for i in range(40)]  # contexts 1..90 in no particular order
+    out, expected = _case(block_size, 4, [1] * 40, cached, seed=11)
+    torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_groups_cut_padding_only_when_worth_it() -> None:
+    def groups(context_lens: list[int]) -> list[list[int]]:
+        tables = [[0] * c for c in context_lens]  # block_size 1
+        meta = build_attention_metadata(
+            query_lens=[1] * len(context_lens),
+            context_lens=context_lens,
+            block_tables=tables,
+            slot_mapping=[0] * len(context_lens),
+            block_size=1,
+        )
+        return [
+            list(range(len(context_lens))) if g.index is None else g.index.tolist()
+            for g in meta.decode_groups
+        ]
+
+    ragged = [100 - 3 * i for i in range(32)]  # 100, 97, ..., 7
+    assert groups(ragged) == [
+        list(range(31, 23, -1)),
+        list(range(23, 15, -1)),
+        list(range(15, 7, -1)),
+        list(range(7, -1, -1)),
+    ]
+    assert groups([50] * 31 + [60]) == [list(range(32))]  # little padding: one group
+    assert groups(ragged[:15]) == [list(range(15))]  # too few sequences to split
+
+
 def test_decode_ignores_slots_beyond_context_and_unowned_blocks() -> None:
     gen = torch.Generator().manual_seed(3)
     key_cache = torch.randn(8, 4, 2, HEAD_DIM, generator=gen).to(DEVICE)
