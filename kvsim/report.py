@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def _fmt(value: Any, unit: str = "") -> str:
     return f"{value:,}{unit}" if isinstance(value, int) else str(value)
 
 
-def _table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> str:
+def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] | None = None) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header) if header else ""
     body = "".join(
         "<tr><th>"

@@ -6,7 +6,6 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -16,6 +15,7 @@ if "ipykernel" not in sys.modules:  # notebooks keep their inline backend
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from kvsim.atomic import atomic_write_bytes
@@ -55,8 +55,10 @@ def window(
     return frame if mask.all() else frame[mask]
 
 
-def new_axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (9, 4)) -> Any:
-    """A constrained-layout figure with one gridded axes; returns (fig, ax)."""
+def new_axes(
+    title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (9, 4)
+) -> tuple[Figure, Axes]:
+    """A constrained-layout figure with one gridded axes (size in inches)."""
     fig, ax = plt.subplots(figsize=size, layout="constrained")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -65,13 +67,13 @@ def new_axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (
     return fig, ax
 
 
-def set_time_limits(ax: Any, t_from: float | None, t_to: float | None) -> None:
+def set_time_limits(ax: Axes, t_from: float | None, t_to: float | None) -> None:
     """Pin the x axis to the asked window (s), where one was asked."""
     if t_from is not None or t_to is not None:
         ax.set_xlim(left=t_from, right=t_to)
 
 
-def empty_note(ax: Any, text: str = "nothing in this window") -> None:
+def empty_note(ax: Axes, text: str = "nothing in this window") -> None:
     """Say so on an axes that has nothing to draw, instead of leaving it blank."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#718096")
 

@@ -22,7 +22,9 @@ STATE_CMAP = LinearSegmentedColormap.from_list(
     "kvsim_occupancy", [COLORS["free"], "#90cdf4", COLORS["filled"], "#1a365d"]
 )
 # Request colours, cycled by seq_id: saturated ones only, so none reads as a free block.
-OWNER_PALETTE = np.array([*colormaps["tab10"].colors, *colormaps["Dark2"].colors])
+OWNER_PALETTE = np.concatenate(
+    [colormaps[name](np.arange(colormaps[name].N))[:, :3] for name in ("tab10", "Dark2")]
+)
 AUTO_BY_REQUEST_MAX_BLOCKS = 256
 AUTO_BY_REQUEST_MAX_REQUESTS = 50
 
@@ -37,7 +39,7 @@ def owner_image(grid: OccupancyGrid) -> np.ndarray:
     held = owner >= 0
     image[held] = OWNER_PALETTE[owner[held] % len(OWNER_PALETTE)]
     image[owner == SHARED] = 0.0
-    return image
+    return np.asarray(image)
 
 
 def plot_occupancy_grid(grid: OccupancyGrid, num_blocks: int, *, by_request: bool) -> Figure:

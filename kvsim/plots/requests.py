@@ -70,7 +70,7 @@ def select_requests(
         keep &= span["end"].to_numpy() > t_from
     if t_to is not None:
         keep &= span["start"].to_numpy() < t_to
-    return span.index.to_numpy()[keep][:max_requests]
+    return np.asarray(span.index.to_numpy()[keep][:max_requests])
 
 
 def plot_gantt(

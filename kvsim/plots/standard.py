@@ -34,7 +34,7 @@ class RunTables(Protocol):
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
-    events: pd.DataFrame
+    events: pd.DataFrame | None  # None: streamed to ``events_path`` (a RunResult)
 
 
 def gantt_default_seq_ids(requests: pd.DataFrame, n: int = MAX_GANTT_REQUESTS) -> np.ndarray:
@@ -43,7 +43,17 @@ def gantt_default_seq_ids(requests: pd.DataFrame, n: int = MAX_GANTT_REQUESTS) -
     seq_ids = requests["seq_id"].to_numpy()
     preempted = np.flatnonzero(requests["num_preemptions"].to_numpy() > 0)
     start = max(0, int(preempted[0]) - n // 4) if len(preempted) else 0
-    return seq_ids[start : start + n]
+    return np.asarray(seq_ids[start : start + n])
+
+
+def run_events(run: RunTables) -> pd.DataFrame:
+    """``run.events``, or the events file of a run that streamed them to disk."""
+    if run.events is not None:
+        return run.events
+    path = getattr(run, "events_path", None)
+    if path is None:
+        raise ValueError("the run has neither events in memory nor an events file")
+    return pd.read_parquet(path)
 
 
 def draw(
@@ -54,10 +64,10 @@ def draw(
     num_blocks, end_s = int(s["num_blocks"]), float(s["sim_duration_s"])
     window_given = t_from is not None or t_to is not None
     if name == "occupancy":
-        return plot_occupancy(run.events, num_blocks, t_from=t_from, t_to=t_to, end_s=end_s)
+        return plot_occupancy(run_events(run), num_blocks, t_from=t_from, t_to=t_to, end_s=end_s)
     if name == "free-blocks":
         return plot_free_blocks(
-            run.steps, run.events, num_blocks=num_blocks, t_from=t_from, t_to=t_to
+            run.steps, run_events(run), num_blocks=num_blocks, t_from=t_from, t_to=t_to
         )
     if name == "kv-breakdown":
         total_slots = num_blocks * int(s["block_size"])
@@ -65,7 +75,7 @@ def draw(
     if name == "gantt":
         seq_ids = None if window_given else gantt_default_seq_ids(run.requests)
         return plot_gantt(
-            run.events,
+            run_events(run),
             run.steps,
             requests=run.requests,
             seq_ids=seq_ids,

@@ -121,6 +121,7 @@ def plot_batch_size(
 ) -> Figure:
     """Top: sequences per step (prefill and decode batches apart) and running sequences.
     Bottom: tokens computed per step (batched tokens)."""
+    fig: Figure
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(9, 5.5), sharex=True, layout="constrained", height_ratios=(1, 1)
     )

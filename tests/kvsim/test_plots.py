@@ -13,6 +13,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from kvsim.config import RunConfig
 from kvsim.plots import (
     COLORS,
     PICTURES,
@@ -25,7 +26,7 @@ from kvsim.plots import (
     write_pictures,
     write_run_plots,
 )
-from kvsim.runner import RunResult
+from kvsim.runner import RunResult, run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -193,3 +194,12 @@ def test_write_run_plots_keeps_its_signature(preempting_run: RunResult, tmp_path
     assert names == {"free_blocks.png", "kv_breakdown.png", "batch_size.png", "latency_cdfs.png"}
     full = write_run_plots(r.steps, r.requests, r.summary, tmp_path / "b", r.events)
     assert {p.name for p in full} == set(PICTURES.values())
+
+
+def test_pictures_of_a_run_that_streamed_its_events(
+    pressured_config: RunConfig, tmp_path: Path
+) -> None:
+    streamed = run(pressured_config.replace(until=60.0), events_path=tmp_path / "events.parquet")
+    assert streamed.events is None
+    fig = draw(streamed, "occupancy")
+    assert image_of(fig).shape == (240, 800)
