@@ -61,17 +61,40 @@ def _sorted_with_rank(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(rank=_group_rank(rows))
 
 
+def _region_sizes(events: pd.DataFrame) -> np.ndarray:
+    """Blocks each row stands for: 1, except an allocation event of a single row whose
+    free-block count drops by more than one — a contiguous allocator's region (engine/
+    contiguous.py: ALLOCATE and FREE carry the region's first slot only)."""
+    n = len(events)
+    if n == 0:
+        return np.ones(0, dtype=np.int64)
+    keys = [pd.factorize(events[c])[0] for c in ("kind", "seq_id", "step", "time_s")]
+    new_event = np.zeros(n, dtype=bool)
+    new_event[0] = True
+    for k in keys:
+        new_event[1:] |= k[1:] != k[:-1]
+    event_id = np.cumsum(new_event) - 1
+    rows_in_event = np.bincount(event_id)[event_id]
+    free = events["free_blocks"].to_numpy(np.int64)
+    drop = np.concatenate([[0], free[:-1] - free[1:]])
+    region = events["kind"].isin(START_KINDS).to_numpy() & (rows_in_event == 1) & (drop > 1)
+    return np.where(region, drop, 1)
+
+
 def block_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.DataFrame:
     """One row per (block, sequence) holding: block_id, seq_id, start_s, end_s, start_step,
     end_step. A block still held when the events stop ends at ``end_s`` (default: the last
-    event's time) with ``end_step`` -1. Raises ``OccupancyError`` for a free with no
-    allocation before it."""
+    event's time) with ``end_step`` -1. A contiguous allocator's region (one ALLOCATE row
+    naming its first slot) becomes one row per slot, its size read from the drop in
+    ``free_blocks``. Raises ``OccupancyError`` for a free with no allocation before it."""
     cols = ["time_s", "step", "seq_id", "block_id"]
     kind = events["kind"]
-    starts = _sorted_with_rank(events.loc[kind.isin(START_KINDS), cols])
+    is_start = kind.isin(START_KINDS).to_numpy()
+    starts = events.loc[is_start, cols].assign(size=_region_sizes(events)[is_start])
+    starts = _sorted_with_rank(starts)
     ends = _sorted_with_rank(events.loc[kind == "FREE", cols])
     keys = ["block_id", "seq_id", "rank"]
-    merged = starts.merge(ends, on=keys, how="left", suffixes=("_start", "_end"), indicator=False)
+    merged = starts.merge(ends, on=keys, how="left", suffixes=("_start", "_end"))
     if len(ends):
         matched = ends.merge(starts[keys], on=keys, how="left", indicator=True)
         orphan = matched[matched["_merge"] == "left_only"]
@@ -84,14 +107,21 @@ def block_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.Data
     if end_s is None:
         end_s = float(events["time_s"].max()) if len(events) else 0.0
     open_ = merged["time_s_end"].isna().to_numpy()
+    size = merged["size"].to_numpy(np.int64)
+    # A region of `size` slots: repeat its row, block ids first, first + 1, ...
+    offset = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
     out = pd.DataFrame(
         {
-            "block_id": merged["block_id"].to_numpy(np.int64),
-            "seq_id": merged["seq_id"].to_numpy(np.int64),
-            "start_s": merged["time_s_start"].to_numpy(np.float64),
-            "end_s": np.where(open_, end_s, merged["time_s_end"].to_numpy(np.float64)),
-            "start_step": merged["step_start"].to_numpy(np.int64),
-            "end_step": np.where(open_, -1, merged["step_end"].fillna(-1)).astype(np.int64),
+            "block_id": np.repeat(merged["block_id"].to_numpy(np.int64), size) + offset,
+            "seq_id": np.repeat(merged["seq_id"].to_numpy(np.int64), size),
+            "start_s": np.repeat(merged["time_s_start"].to_numpy(np.float64), size),
+            "end_s": np.repeat(
+                np.where(open_, end_s, merged["time_s_end"].to_numpy(np.float64)), size
+            ),
+            "start_step": np.repeat(merged["step_start"].to_numpy(np.int64), size),
+            "end_step": np.repeat(
+                np.where(open_, -1, merged["step_end"].fillna(-1)).astype(np.int64), size
+            ),
         }
     )
     if (out["end_s"] < out["start_s"]).any():

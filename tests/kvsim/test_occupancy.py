@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvsim.config import RunConfig
 from kvsim.occupancy import (
     FREE,
     SHARED,
@@ -18,7 +19,7 @@ from kvsim.occupancy import (
     owners_at,
     request_states,
 )
-from kvsim.runner import RunResult
+from kvsim.runner import RunResult, run
 
 
 def events_of(rows: list[tuple[float, int, str, int, int]]) -> pd.DataFrame:
@@ -78,6 +79,32 @@ def test_a_free_without_allocation_is_an_error() -> None:
     bad = events_of([(1.0, 1, "ALLOCATE", 0, 0), (2.0, 2, "FREE", 0, 0), (3.0, 3, "FREE", 0, 0)])
     with pytest.raises(OccupancyError, match="FREE of block 0 by sequence 0"):
         block_intervals(bad)
+
+
+def test_a_contiguous_region_becomes_one_holding_per_slot() -> None:
+    # engine/contiguous.py: ALLOCATE and FREE name the region's first slot; its size is the
+    # drop in free slots (16 -> 12: slots 8-11).
+    events = events_of(
+        [(0.0, 0, "ARRIVE", 0, -1), (1.0, 1, "ALLOCATE", 0, 8), (2.0, 2, "FREE", 0, 8)]
+    )
+    events["free_blocks"] = [16, 12, 16]
+    got = block_intervals(events)
+    assert got["block_id"].tolist() == [8, 9, 10, 11]
+    assert set(got["start_s"]) == {1.0} and set(got["end_s"]) == {2.0}
+
+
+@pytest.mark.parametrize("allocator", ["paged", "pow2"])
+def test_blocks_held_match_the_free_counts(pressured_config: RunConfig, allocator: str) -> None:
+    # At any moment the reconstruction holds exactly the blocks the pool says are in use.
+    result = run(pressured_config.replace(num_blocks=1024, allocator=allocator, until=120.0))
+    num_blocks = result.summary["num_blocks"]
+    intervals = block_intervals(result.events, result.summary["sim_duration_s"])
+    times = result.steps["time_s"].to_numpy()[::97]
+    last = np.searchsorted(result.events["time_s"].to_numpy(), times, side="right") - 1
+    expected = num_blocks - result.events["free_blocks"].to_numpy()[last]
+    held = [int((owners_at(intervals, t, num_blocks) != FREE).sum()) for t in times]
+    assert held == expected.tolist()
+    assert len(times) > 20 and max(held) > 0
 
 
 def test_owners_at_an_instant() -> None:
