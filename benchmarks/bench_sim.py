@@ -82,7 +82,8 @@ def bench_million() -> None:
         print(f"generated 1M requests in {time.perf_counter() - start:.1f} s")
         config = RunConfig(trace=str(path), model="llama-2-70b", gpu="h200", tp=4)
         start = time.perf_counter()
-        result = run(config)
+        # As `kvsim run` does: events stream to disk, memory keeps event rows only.
+        result = run(config, events_path=Path(tmp) / "events.parquet")
         print(
             f"1M requests: total {time.perf_counter() - start:.1f} s, sim loop "
             f"{result.summary['wall_time_s']:.1f} s, steps {result.summary['num_steps']:,}, "

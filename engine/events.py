@@ -72,7 +72,9 @@ def _zero_clock() -> float:
 
 
 EVENT_COLUMNS = ("time_s", "step", "kind", "seq_id", "free_blocks", "num_tokens", "num_blocks")
-EVENT_DTYPES = ("f8", "i8", "i1", "i8", "i8", "i8", "i8")
+# int32 where it is ample (steps, sequence ids, block and token counts): a million-request run
+# keeps tens of millions of event rows in memory.
+EVENT_DTYPES = ("f8", "i4", "i1", "i4", "i4", "i4", "i4")
 STEP_COLUMNS = ("time_s", "step", "kind", "num_seqs", "num_batched_tokens", "free_blocks")
 STEP_DTYPES = ("f8", "i8", "i1", "i8", "i8", "i8")
 
@@ -178,7 +180,7 @@ class EventRecorder:
             block_ids = block_ids[block_keep]
         if not self.keep_block_ids:
             counts = chunk["num_blocks"]
-            first = np.full(len(counts), -1, dtype=np.int64)
+            first = np.full(len(counts), -1, dtype=np.int32)
             has = counts > 0
             first[has] = block_ids[(np.cumsum(counts) - counts)[has]]
             chunk["first_block"] = first

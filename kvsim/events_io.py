@@ -36,15 +36,19 @@ def exploded_frame(cols: Columns, block_ids: np.ndarray) -> pd.DataFrame:
     expanded_blocks = np.full(int(rows.sum()), -1, dtype=np.int64)
     # Rows of events that carry blocks take their ids in order; the rest keep -1.
     expanded_blocks[np.repeat(counts > 0, rows)] = block_ids
+
+    def column(name: str) -> np.ndarray:
+        return np.repeat(cols[name].astype(np.int64, copy=False), rows)
+
     return pd.DataFrame(
         {
             "time_s": np.repeat(cols["time_s"], rows),
-            "step": np.repeat(cols["step"], rows),
+            "step": column("step"),
             "kind": pd.Categorical.from_codes(np.repeat(cols["kind"], rows), EVENT_KIND_NAMES),
-            "seq_id": np.repeat(cols["seq_id"], rows),
+            "seq_id": column("seq_id"),
             "block_id": expanded_blocks,
-            "free_blocks": np.repeat(cols["free_blocks"], rows),
-            "num_tokens": np.repeat(cols["num_tokens"], rows),
+            "free_blocks": column("free_blocks"),
+            "num_tokens": column("num_tokens"),
         }
     )
 
