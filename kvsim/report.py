@@ -126,13 +126,20 @@ def build_report(
     names: list[str] | None = None,
     t_from: float | None = None,
     t_to: float | None = None,
+    pngs: dict[str, bytes] | None = None,
 ) -> str:
-    """The report page of ``run`` as an HTML string (pictures ``names``, default all)."""
+    """The report page of ``run`` as an HTML string (pictures ``names``, default all).
+
+    ``pngs`` maps picture names to PNG bytes already drawn (e.g. a run folder's plots/), so
+    they are embedded instead of drawn again."""
     figures = []
     for name in names or list(PICTURES):
-        fig = draw(run, name, t_from=t_from, t_to=t_to)
-        data = base64.b64encode(png_bytes(fig)).decode("ascii")
-        plt.close(fig)
+        if pngs is not None and name in pngs:
+            data = base64.b64encode(pngs[name]).decode("ascii")
+        else:
+            fig = draw(run, name, t_from=t_from, t_to=t_to)
+            data = base64.b64encode(png_bytes(fig)).decode("ascii")
+            plt.close(fig)
         figures.append(
             f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
             f"<figcaption>{html.escape(CAPTIONS.get(name, name))}</figcaption></figure>"

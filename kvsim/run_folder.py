@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from kvsim.atomic import atomic_dir
 from kvsim.config import RunConfig
@@ -20,6 +21,9 @@ from kvsim.errors import KvsimError
 from kvsim.runner import RunResult
 
 TABLES = ("requests", "steps", "events")
+# Above this many event rows (blocks included) a run's pictures skip the occupancy map and
+# Gantt chart rather than read the whole stream back; `kvsim plot --from --to` draws a window.
+MAX_PLOTTED_EVENT_ROWS = 5_000_000
 FORMAT_VERSION = 1
 
 
@@ -59,12 +63,40 @@ def write_run(result: RunResult, out: Path, *, plots: bool = True) -> Path:
         else:
             raise RunFolderError("the run has neither events in memory nor an events file")
         if plots:
-            from kvsim.plots import write_run_plots
-
-            write_run_plots(
-                result.steps, result.requests, result.summary, tmp / "plots", result.marks
-            )
+            _write_pictures(result, tmp)
     return out
+
+
+def _write_pictures(result: RunResult, folder: Path) -> None:
+    """plots/*.png and report.html. The occupancy map and Gantt chart need the whole event
+    stream; a streamed run reads it back unless it is too long to plot in reasonable time."""
+    from kvsim.plots import PICTURES, write_run_plots
+    from kvsim.report import build_report
+
+    events = result.events
+    if events is None:
+        rows = pq.ParquetFile(folder / "events.parquet").metadata.num_rows
+        events = (
+            pd.read_parquet(folder / "events.parquet") if rows <= MAX_PLOTTED_EVENT_ROWS else None
+        )
+    if events is None:
+        events = result.marks
+    paths = write_run_plots(result.steps, result.requests, result.summary, folder / "plots", events)
+    by_file = {file: name for name, file in PICTURES.items()}
+    pngs = {by_file[p.name]: p.read_bytes() for p in paths if p.name in by_file}
+    names = [name for name in PICTURES if name in pngs]
+    tables = _Tables(result.summary, result.requests, result.steps, events)
+    title = f"kvsim run: {result.resolved.get('trace_name', '')}"
+    html = build_report(tables, title=title, names=names, pngs=pngs)
+    (folder / "report.html").write_text(html, encoding="utf-8")
+
+
+@dataclass(slots=True)
+class _Tables:
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    events: pd.DataFrame | None
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ def run_command(
         str | None,
         typer.Argument(
             help="Trace file (.json/.jsonl/.csv) or shipped trace name "
-            f"[default: {DEFAULT_TRACE_NAME}]"
+            f"(default: {DEFAULT_TRACE_NAME})"
         ),
     ] = None,
     config_file: Annotated[
@@ -46,35 +46,35 @@ def run_command(
     ] = None,
     model: Annotated[
         str | None,
-        Opt(help="Model preset or a Hugging Face config.json path [default: llama-2-7b]"),
+        Opt(help="Model preset or a Hugging Face config.json path (default: llama-2-7b)"),
     ] = None,
     gpu: Annotated[
         str | None,
-        Opt(help="GPU preset (a100-40gb, a100-80gb, h100-sxm, h200, l4) [default: a100-80gb]"),
+        Opt(help="GPU preset (a100-40gb, a100-80gb, h100-sxm, h200, l4) (default: a100-80gb)"),
     ] = None,
     gpu_spec: Annotated[Path | None, Opt(help="GPU spec JSON file instead of a preset")] = None,
-    tp: Annotated[int | None, Opt(help="Tensor-parallel GPUs [default: 1]")] = None,
+    tp: Annotated[int | None, Opt(help="Tensor-parallel GPUs (default: 1)")] = None,
     coefficients: Annotated[
         Path | None, Opt(help="Cost-model coefficient overrides (JSON)")
     ] = None,
-    block_size: Annotated[int | None, Opt(help="Tokens per KV block [default: 16]")] = None,
+    block_size: Annotated[int | None, Opt(help="Tokens per KV block (default: 16)")] = None,
     num_blocks: Annotated[
         int | None, Opt(help="KV blocks in the pool (default: planned from GPU memory)")
     ] = None,
     gpu_memory_utilization: Annotated[
-        float | None, Opt(help="Share of GPU memory for weights, activations and KV [default: 0.9]")
+        float | None, Opt(help="Share of GPU memory for weights, activations and KV (default: 0.9)")
     ] = None,
     max_num_seqs: Annotated[
-        int | None, Opt(help="Most sequences in one batch [default: 256]")
+        int | None, Opt(help="Most sequences in one batch (default: 256)")
     ] = None,
     max_num_batched_tokens: Annotated[
-        int | None, Opt(help="Most tokens in one prefill step [default: 8192]")
+        int | None, Opt(help="Most tokens in one prefill step (default: 8192)")
     ] = None,
     max_model_len: Annotated[
         int | None, Opt(help="Longest sequence in tokens (default: the model's)")
     ] = None,
     watermark: Annotated[
-        float | None, Opt(help="Share of blocks kept free when admitting [default: 0.01]")
+        float | None, Opt(help="Share of blocks kept free when admitting (default: 0.01)")
     ] = None,
     rate: Annotated[
         float | None, Opt(help="Rescale arrivals to this mean rate (requests/s)")
@@ -86,19 +86,19 @@ def run_command(
     think_time: Annotated[
         float | None, Opt(help="Closed loop: mean think time between a user's requests (s)")
     ] = None,
-    seed: Annotated[int | None, Opt(help="Seed for every random choice [default: 0]")] = None,
+    seed: Annotated[int | None, Opt(help="Seed for every random choice (default: 0)")] = None,
     until: Annotated[float | None, Opt(help="Stop at this simulated time (s)")] = None,
     allocator: Annotated[
         str | None,
         Opt(
             help="KV allocator: paged (vLLM), or a contiguous baseline reserving max_model_len "
             "(max), prompt + next power of two of the output (pow2), or prompt + the exact "
-            "output (oracle) [default: paged]"
+            "output (oracle) (default: paged)"
         ),
     ] = None,
     device: Annotated[str | None, Opt(help="Engine mode: cpu or cuda")] = None,
     dtype: Annotated[str | None, Opt(help="Engine mode: float32, bfloat16 or float16")] = None,
-    out: Annotated[Path | None, Opt(help="Run folder [default: runs/<trace>-<timestamp>]")] = None,
+    out: Annotated[Path | None, Opt(help="Run folder (default: runs/<trace>-<timestamp>)")] = None,
     no_plots: Annotated[bool, Opt("--no-plots", help="Skip the PNG plots")] = False,
 ) -> None:
     """Simulate a trace through the engine's BlockManager and Scheduler; write a run folder."""

@@ -67,11 +67,15 @@ def test_writing_into_an_existing_folder_replaces_it(short_run: RunResult, tmp_p
     assert entries(tmp_path) == {"run"}  # no temporary or old folder left beside it
 
 
-def test_plots_are_written_into_the_folder(short_run: RunResult, tmp_path: Path) -> None:
+def test_plots_and_report_are_written_into_the_folder(short_run: RunResult, tmp_path: Path) -> None:
     out = write_run(short_run, tmp_path / "run", plots=True)
-    assert entries(out) == {*FILES, "plots"}
+    assert entries(out) == {*FILES, "plots", "report.html"}
     pngs = list((out / "plots").glob("*.png"))
     assert pngs and all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
+    # The report embeds each of those pictures (no external files).
+    report = (out / "report.html").read_text(encoding="utf-8")
+    assert report.count("data:image/png;base64,") == len(pngs)
+    assert '<img src="plots/' not in report
 
 
 def failing_plots(*args: object, **kwargs: object) -> None:
