@@ -56,7 +56,8 @@ def bench_trace(repeats: int) -> None:
                 f"{name:28s} fast_decode={'on ' if multi else 'off'} "
                 f"sim loop {sim:5.2f} s (median of {repeats})  "
                 f"with load+metrics {statistics.median(totals):5.2f} s  "
-                f"{s['num_requests'] / sim:7,.0f} req/wall-s  {s['num_steps'] / sim:7,.0f} steps/s  "
+                f"{s['num_requests'] / sim:7,.0f} req/wall-s  "
+                f"{s['num_steps'] / sim:7,.0f} steps/s  "
                 f"steps {s['num_steps']:,}  events {len(result.events):,}"
             )
         print(f"{'':28s} fast-decode speed-up {rows[False] / rows[True]:.2f}x; target < 3 s")

@@ -80,7 +80,7 @@ def test_engine_mode_generates_what_the_llm_engine_generates(tiny_trace):
 def test_engine_mode_with_a_tiny_pool_preempts_rejects_and_still_finishes(tiny_trace):
     # 16 blocks of 4: a (10 blocks) and b (5) are admitted together and both grow past the
     # pool, so one is preempted; c's 70-token prompt needs 18 blocks and is rejected.
-    path, requests = tiny_trace
+    path, _ = tiny_trace
     result = run(
         RunConfig(trace=str(path), mode="engine", model="tiny-llama", block_size=4, num_blocks=16)
     )
