@@ -73,13 +73,14 @@ class RunConfig:
     # engine mode only
     device: str = "cpu"
     dtype: str = "float32"
+    threads: int | None = None  # torch CPU threads (None: torch's default)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name in ("tp", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))
-        for name in ("num_blocks", "max_model_len", "concurrency"):
+        for name in ("num_blocks", "max_model_len", "concurrency", "threads"):
             _positive_int(name, getattr(self, name), allow_none=True)
         for name in ("rate", "time_scale", "until"):
             _positive_float(name, getattr(self, name), allow_none=True)

@@ -90,6 +90,11 @@ def build_llm(config: RunConfig) -> LLMEngine:
     """The LLMEngine for ``config`` (model preset or checkpoint folder, device, dtype)."""
     from engine import LLMEngine
 
+    if config.threads is not None:
+        import torch
+
+        # Measured step times are only meaningful without oversubscribed cores.
+        torch.set_num_threads(config.threads)
     try:
         return LLMEngine(
             config.model,

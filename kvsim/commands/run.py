@@ -98,6 +98,9 @@ def run_command(
     ] = None,
     device: Annotated[str | None, Opt(help="Engine mode: cpu or cuda")] = None,
     dtype: Annotated[str | None, Opt(help="Engine mode: float32, bfloat16 or float16")] = None,
+    threads: Annotated[
+        int | None, Opt(help="Engine mode: torch CPU threads (default: torch's choice)")
+    ] = None,
     out: Annotated[Path | None, Opt(help="Run folder (default: runs/<trace>-<timestamp>)")] = None,
     no_plots: Annotated[bool, Opt("--no-plots", help="Skip the PNG plots")] = False,
 ) -> None:
@@ -111,7 +114,7 @@ def run_command(
         "watermark": watermark, "rate": rate, "time_scale": time_scale,
         "concurrency": concurrency, "think_time_s": think_time, "seed": seed, "until": until,
         "allocator": allocator,
-        "device": device, "dtype": dtype,
+        "device": device, "dtype": dtype, "threads": threads,
     }  # fmt: skip
     given = {k: v for k, v in options.items() if v is not None}
     try:
