@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from kvsim.commands import plot, run, traces
+from kvsim.commands import plot, run, sweep, traces
 
 app = typer.Typer(
     name="kvsim",
@@ -20,6 +20,7 @@ app = typer.Typer(
 
 run.register(app)
 traces.register(app)
+sweep.register(app)
 plot.register(app)
 
 

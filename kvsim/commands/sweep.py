@@ -1,0 +1,192 @@
+"""``kvsim sweep``: one run per point of a grid over run options, and a sweep report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvsim.commands.run import USER_ERRORS
+from kvsim.config import RunConfig
+from kvsim.console import console, fail
+from workloads import DEFAULT_TRACE_NAME
+
+Opt = typer.Option
+
+
+def default_out(trace: str) -> Path:
+    stem = Path(trace).stem or "sweep"
+    return Path("sweeps") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def sweep_command(
+    trace: Annotated[
+        str | None,
+        typer.Argument(help=f"Trace file or shipped trace name [default: {DEFAULT_TRACE_NAME}]"),
+    ] = None,
+    block_size: Annotated[
+        str | None, Opt(help="Block sizes to sweep, e.g. 1,2,4,8,16,32,64,128,256")
+    ] = None,
+    allocator: Annotated[
+        str | None, Opt(help="Allocators to sweep: paged, max, pow2, oracle (comma-separated)")
+    ] = None,
+    rate: Annotated[
+        str | None, Opt(help="Request rates to sweep (requests/s), e.g. 1,2,4,8")
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        Opt(help="Sweep any run option: name=v1,v2,... (repeatable), e.g. max_num_seqs=64,128"),
+    ] = None,
+    kv_slots: Annotated[
+        int | None, Opt(help="Hold this many KV slots: num_blocks = slots / block size")
+    ] = None,
+    config_file: Annotated[
+        Path | None, Opt("--config", help="Base run options from a run folder's config.json")
+    ] = None,
+    model: Annotated[
+        str | None, Opt(help="Model preset or HF config.json [default: llama-2-7b]")
+    ] = None,
+    gpu: Annotated[str | None, Opt(help="GPU preset [default: a100-80gb]")] = None,
+    tp: Annotated[int | None, Opt(help="Tensor-parallel GPUs [default: 1]")] = None,
+    coefficients: Annotated[Path | None, Opt(help="Cost-model coefficient overrides")] = None,
+    num_blocks: Annotated[
+        int | None,
+        Opt(
+            help="KV blocks (of the base block size, 16, when block sizes are swept: the slots "
+            "are held)"
+        ),
+    ] = None,
+    gpu_memory_utilization: Annotated[float | None, Opt(help="[default: 0.9]")] = None,
+    max_num_seqs: Annotated[int | None, Opt(help="[default: 256]")] = None,
+    max_num_batched_tokens: Annotated[int | None, Opt(help="[default: 8192]")] = None,
+    max_model_len: Annotated[int | None, Opt(help="(default: the model's)")] = None,
+    watermark: Annotated[float | None, Opt(help="[default: 0.01]")] = None,
+    time_scale: Annotated[float | None, Opt(help="Multiply arrival times by this")] = None,
+    concurrency: Annotated[int | None, Opt(help="Closed loop with this many users")] = None,
+    think_time: Annotated[float | None, Opt(help="Closed loop think time (s)")] = None,
+    seed: Annotated[int | None, Opt(help="[default: 0]")] = None,
+    until: Annotated[float | None, Opt(help="Stop each run at this simulated time (s)")] = None,
+    slo_ttft: Annotated[float | None, Opt(help="Rate sweep SLO: TTFT bound (s)")] = None,
+    slo_tpot: Annotated[float | None, Opt(help="Rate sweep SLO: TPOT bound (s)")] = None,
+    slo_percentile: Annotated[int, Opt(help="Percentile the SLO applies to: 50, 90 or 99")] = 99,
+    jobs: Annotated[int | None, Opt(help="Parallel points (default: the CPU count)")] = None,
+    executor: Annotated[str, Opt(help="process (local pool), serial, or ray")] = "process",
+    address: Annotated[str | None, Opt(help="Ray cluster address (default: a local Ray)")] = None,
+    out: Annotated[Path | None, Opt(help="Sweep folder [default: sweeps/<trace>-<time>]")] = None,
+    no_events: Annotated[bool, Opt("--no-events", help="Skip each point's events.parquet")] = False,
+    dry_run: Annotated[
+        bool, Opt("--dry-run", help="List the points and the reproduce command; run nothing")
+    ] = False,
+) -> None:
+    """Run one simulation per point of a grid over run options; write sweep.csv and a report."""
+    from kvsim.sweep import make_spec, parse_param, parse_values
+
+    options: dict[str, Any] = {
+        "model": model,
+        "gpu": gpu,
+        "tp": tp,
+        "coefficients": str(coefficients) if coefficients else None,
+        "num_blocks": num_blocks,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_model_len": max_model_len,
+        "watermark": watermark,
+        "time_scale": time_scale,
+        "concurrency": concurrency,
+        "think_time_s": think_time,
+        "seed": seed,
+        "until": until,
+    }
+    given = {k: v for k, v in options.items() if v is not None}
+    if trace is not None:
+        given["trace"] = trace
+    try:
+        if config_file is not None:
+            base = RunConfig.load(config_file).replace(**given)
+        else:
+            base = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
+        axes = [
+            (n, parse_values(n, v))
+            for n, v in (("block_size", block_size), ("allocator", allocator), ("rate", rate))
+            if v
+        ]
+        axes += [parse_param(p) for p in param or []]
+        spec = make_spec(
+            base,
+            axes,
+            slo_ttft_s=slo_ttft,
+            slo_tpot_s=slo_tpot,
+            slo_percentile=slo_percentile,
+            kv_slots=kv_slots,
+            events=not no_events,
+        )
+        if dry_run:
+            _print_points(spec)
+            return
+        out_dir = out or default_out(base.trace)
+        result = _run_with_progress(spec, out_dir, executor, jobs, address)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    console.print(
+        f"{len(result.table)} points in {result.wall_s:.1f} s, {result.num_failed} failed"
+    )
+    console.print(f"sweep folder: [bold]{out_dir}[/bold] (report.html, report.md, sweep.csv)")
+    console.print(f"reproduce: {shlex.join(result.command)}", soft_wrap=True, highlight=False)
+    if result.num_failed:
+        raise typer.Exit(1)  # the sweep folder is complete; some points failed
+
+
+def _print_points(spec: Any) -> None:
+    from rich.table import Table
+
+    from kvsim.sweep import command_line
+
+    table = Table(title=f"kvsim sweep: {spec.num_points} points", header_style="bold")
+    for column in ("#", "point", "block size", "KV blocks"):
+        table.add_column(column)
+    for p in spec.points():
+        blocks = "planned" if p.config.num_blocks is None else f"{p.config.num_blocks:,}"
+        table.add_row(str(p.index), p.label, str(p.config.block_size), blocks)
+    console.print(table)
+    console.print(f"reproduce: {shlex.join(command_line(spec))}", soft_wrap=True, highlight=False)
+
+
+def _run_with_progress(
+    spec: Any, out: Path, executor: str, jobs: int | None, address: str | None
+) -> Any:
+    from kvsim.sweep_exec import PointOutcome, run_sweep
+
+    with Progress(
+        TextColumn("[bold]sweep[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("points  {task.fields[failed]} failed  {task.fields[last]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("sweep", total=spec.num_points, failed=0, last="")
+        failed = 0
+
+        def on_point(outcome: PointOutcome) -> None:
+            nonlocal failed
+            failed += not outcome.ok
+            label = outcome.row.get("label", "")
+            bar.update(task, advance=1, failed=failed, last=f"done: {label}")
+            if not outcome.ok:
+                bar.console.print(
+                    f"[red]point {label} failed:[/red] {outcome.error}", highlight=False
+                )
+
+        return run_sweep(
+            spec, out, executor=executor, jobs=jobs, address=address, on_point=on_point
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_command)

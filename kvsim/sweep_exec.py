@@ -1,0 +1,270 @@
+"""Running a sweep's points: serially, in a local process pool, or as Ray tasks.
+
+Each point runs in one call of ``run_point``, wherever it is: it simulates, builds the point's
+sweep.csv row and the bytes of its run folder (config.json, summary.json, the parquet tables;
+no plots), and returns them; a point that raises returns its error instead. The driver writes
+every file, so results are identical whatever the executor and a Ray cluster needs no shared
+file system. The sweep folder is written into a temporary folder renamed into place at the
+end (kvsim.atomic), so an interrupted sweep leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvsim.atomic import atomic_dir
+from kvsim.config import RunConfig
+from kvsim.sweep import SweepError, SweepPoint, SweepSpec, command_line
+from kvsim.sweep_table import failed_row, point_row, rows_frame
+
+EXECUTORS = ("process", "serial", "ray")
+FORMAT_VERSION = 1
+
+
+@dataclass(slots=True)
+class PointOutcome:
+    """What a point sends back: its row and run-folder files, or its error."""
+
+    index: int
+    row: dict[str, Any]
+    files: dict[str, bytes] = field(default_factory=dict)
+    error: str | None = None  # one line
+    details: str | None = None  # the traceback
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(slots=True)
+class SweepResult:
+    path: Path
+    spec: SweepSpec
+    table: pd.DataFrame
+    command: list[str]
+    wall_s: float
+
+    @property
+    def num_failed(self) -> int:
+        return int((self.table["status"] != "ok").sum())
+
+
+# --- one point, wherever it runs -----------------------------------------------------------
+
+
+def run_point(
+    index: int, values: dict[str, Any], options: dict[str, Any], events: bool
+) -> PointOutcome:
+    """Simulate one point (``options``: its RunConfig as a dict) and return its outcome."""
+    from kvsim.run_folder import write_run
+    from kvsim.runner import run
+
+    point = SweepPoint(index, values, RunConfig.from_dict(options))
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
+            # Events stream to disk while the point runs, so memory stays bounded.
+            result = run(point.config, None, Path(tmp) / "events.parquet")
+            folder = write_run(result, Path(tmp) / "run", plots=False)
+            files = {
+                p.name: p.read_bytes()
+                for p in sorted(folder.iterdir())
+                if p.is_file() and (events or p.name != "events.parquet")
+            }
+        row = point_row(point, result, time.perf_counter() - start)
+        return PointOutcome(index, row, files)
+    except Exception as exc:  # a failing point is reported; the sweep goes on
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return PointOutcome(
+            index, failed_row(point, error), error=error, details=traceback.format_exc()
+        )
+
+
+# --- executors -----------------------------------------------------------------------------
+
+Task = tuple[int, dict[str, Any], dict[str, Any], bool]
+OnDone = Callable[[PointOutcome], None]
+
+
+def _serial(tasks: list[Task], on_done: OnDone) -> None:
+    for task in tasks:
+        on_done(run_point(*task))
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    # forkserver: workers fork from a clean, single-threaded server that imported kvsim once.
+    if sys.platform.startswith("linux"):
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["kvsim.sweep_exec", "kvsim.runner", "kvsim.run_folder"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _process_pool(tasks: list[Task], on_done: OnDone, jobs: int) -> None:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_pool_context()) as pool:
+        futures = {pool.submit(run_point, *task): task for task in tasks}
+        for future in as_completed(futures):
+            try:
+                outcome = future.result()
+            except BrokenProcessPool as exc:
+                index, values, options, _ = futures[future]
+                point = SweepPoint(index, values, RunConfig.from_dict(options))
+                error = f"worker process died (out of memory?): {exc}"
+                outcome = PointOutcome(index, failed_row(point, error), error=error)
+            on_done(outcome)
+
+
+def _ray(tasks: list[Task], on_done: OnDone, jobs: int, address: str | None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise SweepError(
+            "--executor ray needs Ray: pip install 'kvsim[ray]' (or pip install 'ray>=2.9')"
+        ) from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address is None:
+                ray.init(
+                    num_cpus=jobs,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                )
+            else:
+                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        except Exception as exc:
+            raise SweepError(f"cannot start or reach Ray ({address or 'local'}): {exc}") from None
+    try:
+        remote = ray.remote(num_cpus=1)(run_point)
+        pending = [remote.remote(*task) for task in tasks]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            on_done(ray.get(done[0]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def execute(
+    tasks: list[Task], on_done: OnDone, *, executor: str, jobs: int, address: str | None
+) -> None:
+    """Run every task, calling ``on_done`` in the driver as each finishes (any order)."""
+    if executor not in EXECUTORS:
+        raise SweepError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if address is not None and executor != "ray":
+        raise SweepError("--address is for --executor ray")
+    if executor == "ray":
+        _ray(tasks, on_done, jobs, address)
+    elif executor == "serial" or jobs == 1 or len(tasks) <= 1:
+        _serial(tasks, on_done)
+    else:
+        _process_pool(tasks, on_done, jobs)
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _slowest_first(points: Iterable[SweepPoint]) -> list[SweepPoint]:
+    # Small paged blocks cost most (a block event per few tokens): start them first, so the
+    # pool's last worker is not left with the longest point.
+    def cost(p: SweepPoint) -> float:
+        c = p.config
+        return 16 / c.block_size if c.allocator == "paged" else 1.0
+
+    return sorted(points, key=cost, reverse=True)
+
+
+# --- the sweep folder ----------------------------------------------------------------------
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: Path,
+    *,
+    executor: str = "process",
+    jobs: int | None = None,
+    address: str | None = None,
+    on_point: Callable[[PointOutcome], None] | None = None,
+    report: bool = True,
+) -> SweepResult:
+    """Run every point of ``spec`` and write the sweep folder ``out`` (replaced atomically):
+    points/<NNN_...>/ (a run folder each, or error.txt), sweep.csv, sweep.parquet, sweep.json,
+    report.md, report.html and plots/."""
+    points = spec.points()
+    jobs = jobs or default_jobs()
+    if jobs < 1:
+        raise SweepError(f"jobs must be >= 1, got {jobs}")
+    command = command_line(spec)
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    with atomic_dir(out) as tmp:
+        _write_json(tmp / "sweep.json", _describe(spec, command))
+
+        def done(outcome: PointOutcome) -> None:
+            _write_point(tmp / "points" / points[outcome.index].folder, outcome)
+            rows.append(outcome.row)
+            outcome.files = {}
+            if on_point is not None:
+                on_point(outcome)
+
+        tasks = [
+            (p.index, p.values, p.config.to_dict(), spec.events) for p in _slowest_first(points)
+        ]
+        execute(tasks, done, executor=executor, jobs=jobs, address=address)
+        table = rows_frame(rows, spec)
+        table.to_csv(tmp / "sweep.csv", index=False)
+        table.to_parquet(tmp / "sweep.parquet", index=False)
+        result = SweepResult(out, spec, table, command, time.perf_counter() - start)
+        if report:
+            from kvsim.sweep_report import write_report
+
+            write_report(result, tmp)
+    return result
+
+
+def _write_point(folder: Path, outcome: PointOutcome) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in outcome.files.items():
+        (folder / name).write_bytes(data)
+    if not outcome.ok:
+        (folder / "error.txt").write_text(f"{outcome.error}\n\n{outcome.details or ''}")
+
+
+def _describe(spec: SweepSpec, command: list[str]) -> dict[str, Any]:
+    return {
+        "kvsim_sweep": FORMAT_VERSION,
+        "command": command,
+        "base": spec.base.to_dict(),
+        "axes": {name: list(values) for name, values in spec.axes},
+        "kv_slots": spec.kv_slots,
+        "slo": {
+            "ttft_s": spec.slo_ttft_s,
+            "tpot_s": spec.slo_tpot_s,
+            "percentile": spec.slo_percentile,
+        },
+        "events": spec.events,
+        "num_points": spec.num_points,
+    }
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,181 @@
+"""sweep.csv: one row per point, the SLO verdicts of a rate sweep, and the best points.
+
+Rows are built where the point ran (kvsim/sweep_exec.py) from its RunResult, so only a small
+dict travels back to the driver. Column definitions: docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
+from kvsim.metrics import PERCENTILES
+from kvsim.runner import RunResult
+from kvsim.sweep import SweepPoint, SweepSpec
+
+DISTRIBUTIONS = ("ttft_s", "tpot_s", "e2e_latency_s", "queueing_delay_s")
+SUMMARY_COLUMNS = (
+    "num_requests",
+    "num_finished",
+    "num_rejected",
+    "num_aborted",
+    "num_unfinished",
+    "num_preemptions",
+    "throughput_requests_per_s",
+    "throughput_output_tokens_per_s",
+    "throughput_total_tokens_per_s",
+    "sim_duration_s",
+    "num_steps",
+    "kv_usage_mean",
+    "kv_usage_peak",
+    *BREAKDOWN_FIELDS,
+    "mean_batch_size",
+    "max_batch_size",
+    "mean_running_seqs",
+)
+# Columns that measure the simulator, not the simulated system: they differ between runs.
+WALL_COLUMNS = ("sim_wall_s", "point_wall_s")
+
+
+def _stat_columns() -> list[str]:
+    stats = ["mean", *(f"p{p}" for p in PERCENTILES)]
+    return [f"{d}_{s}" for d in DISTRIBUTIONS for s in stats]
+
+
+def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict[str, Any]:
+    """The point's sweep.csv row (without the driver's columns: slo_met)."""
+    s = result.summary
+    config = point.config
+    row: dict[str, Any] = base_row(point)
+    row.update(
+        status="ok",
+        error="",
+        allocator=config.allocator,
+        block_size=config.block_size,
+        num_blocks=result.resolved.get("num_blocks", s["num_blocks"]),
+        kv_slots=s["num_blocks"] * s["block_size"],
+        rate=config.rate,
+    )
+    for name in SUMMARY_COLUMNS:
+        row[name] = s[name]
+    for name in DISTRIBUTIONS:
+        for stat, value in s[name].items():
+            row[f"{name}_{stat}"] = math.nan if value is None else value
+    row["normalized_latency_s_per_token"] = normalized_latency(result.requests)
+    row["sim_wall_s"] = s["wall_time_s"]
+    row["point_wall_s"] = point_wall_s
+    return row
+
+
+def base_row(point: SweepPoint) -> dict[str, Any]:
+    row: dict[str, Any] = {"point": point.index, "label": point.label, "folder": point.folder}
+    for name, value in point.values.items():
+        row[name] = value
+    return row
+
+
+def failed_row(point: SweepPoint, error: str) -> dict[str, Any]:
+    row = base_row(point)
+    config = point.config
+    row.update(
+        status="failed",
+        error=error,
+        allocator=config.allocator,
+        block_size=config.block_size,
+        rate=config.rate,
+    )
+    return row
+
+
+def normalized_latency(requests: pd.DataFrame) -> float:
+    """Mean over finished requests of end-to-end latency / output tokens (s/token), as in
+    vLLM's paper."""
+    done = requests[requests["status"] == "finished"]
+    tokens = done["generated_tokens"].to_numpy(dtype=float)
+    if len(done) == 0:
+        return math.nan
+    return float(np.mean(done["e2e_latency_s"].to_numpy(dtype=float) / np.maximum(tokens, 1)))
+
+
+def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
+    """sweep.csv's table, in point order, with the SLO verdict of each point if asked."""
+    fixed = ["point", "label", "status", "error", *spec.axis_names]
+    config = [
+        c
+        for c in ("allocator", "block_size", "num_blocks", "kv_slots", "rate")
+        if c not in spec.axis_names
+    ]
+    metrics = [*SUMMARY_COLUMNS, *_stat_columns(), "normalized_latency_s_per_token"]
+    columns = [*fixed, *config, *metrics, *WALL_COLUMNS, "folder"]
+    frame = pd.DataFrame(sorted(rows, key=lambda r: r["point"]))
+    frame = frame.reindex(columns=columns)
+    if spec.has_slo:
+        frame.insert(4, "slo_met", slo_met(frame, spec))
+    return frame
+
+
+def slo_met(frame: pd.DataFrame, spec: SweepSpec) -> pd.Series:
+    """Whether each point met the SLO: status ok and each given latency percentile at most
+    its bound (a missing value, e.g. no TPOT, does not meet it)."""
+    p = spec.slo_percentile
+    ok = frame["status"] == "ok"
+    for column, bound in (("ttft_s", spec.slo_ttft_s), ("tpot_s", spec.slo_tpot_s)):
+        if bound is not None:
+            ok &= frame[f"{column}_p{p}"].astype(float).le(bound).fillna(False)
+    return ok.astype(bool)
+
+
+def max_rates(frame: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:
+    """Per combination of the other axes: the highest rate such that it and every lower rate
+    swept meet the SLO (None when the lowest rate fails already)."""
+    if "rate" not in spec.axis_names or "slo_met" not in frame:
+        return pd.DataFrame()
+    others = [a for a in spec.axis_names if a != "rate"]
+    groups = frame.groupby(others, sort=False) if others else [((), frame)]
+    out = []
+    for key, group in groups:
+        best = None
+        for _, r in group.sort_values("rate").iterrows():
+            if not r["slo_met"]:
+                break
+            best = r["rate"]
+        key = key if isinstance(key, tuple) else (key,)
+        out.append({**dict(zip(others, key)), "max_rate": best})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Best:
+    objective: str  # what was optimised, in words
+    label: str  # the point
+    value: str  # its value, formatted with its unit
+
+
+OBJECTIVES = (
+    ("highest throughput", "throughput_output_tokens_per_s", max, "{:,.0f} output tokens/s"),
+    ("highest request throughput", "throughput_requests_per_s", max, "{:.3f} requests/s"),
+    ("lowest p50 end-to-end latency", "e2e_latency_s_p50", min, "{:.3f} s"),
+    ("lowest p99 end-to-end latency", "e2e_latency_s_p99", min, "{:.3f} s"),
+    ("lowest p99 TTFT", "ttft_s_p99", min, "{:.3f} s"),
+    ("lowest normalized latency", "normalized_latency_s_per_token", min, "{:.4f} s/token"),
+    ("most KV memory holding token states", "kv_token_state_share_mean", max, "{:.1%}"),
+)
+
+
+def best_points(frame: pd.DataFrame) -> list[Best]:
+    """For each objective, the best successful point (ties: the first in point order)."""
+    ok = frame[frame["status"] == "ok"]
+    out = []
+    for words, column, pick, fmt in OBJECTIVES:
+        values = ok[column].astype(float).dropna()
+        if values.empty:
+            continue
+        target = pick(values)
+        at = values[values == target].index[0]
+        out.append(Best(words, str(ok.loc[at, "label"]), fmt.format(target)))
+    return out
