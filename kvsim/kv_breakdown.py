@@ -183,14 +183,17 @@ def add_kv_breakdown(
     return steps
 
 
-def breakdown_means(steps: pd.DataFrame, total_slots: int) -> dict[str, Any]:
-    """Time-averaged shares of all slots (weights: step durations); they sum to 1."""
-    weights = steps["duration_s"].to_numpy()
-    busy = float(weights.sum())
+def breakdown_means(
+    steps: pd.DataFrame, total_slots: int, weights: np.ndarray | None = None
+) -> dict[str, Any]:
+    """Time-averaged shares of all slots (weights: step durations, or ``weights``, e.g. cut
+    at ``--until``); they sum to 1."""
+    w = steps["duration_s"].to_numpy() if weights is None else np.asarray(weights)
+    busy = float(w.sum())
     out: dict[str, Any] = {}
     for field, column in zip(SUMMARY_FIELDS, COLUMNS):
         if column not in steps or busy <= 0 or total_slots <= 0:
             out[field] = 0.0 if column in steps else None
             continue
-        out[field] = float((steps[column].to_numpy() * weights).sum() / (busy * total_slots))
+        out[field] = float((steps[column].to_numpy() * w).sum() / (busy * total_slots))
     return out

@@ -185,7 +185,7 @@ def summarize(result: SimResult, requests: pd.DataFrame, steps: pd.DataFrame) ->
         "kv_usage_mean": _time_weighted_mean(usage, weights),
         "kv_usage_peak": float(usage.max()) if num_steps else 0.0,
         "internal_fragmentation_mean": _time_weighted_mean(internal, weights),
-        **breakdown_means(steps, total_slots),
+        **breakdown_means(steps, total_slots, weights),
         "mean_running_seqs": _time_weighted_mean(steps["num_running"].to_numpy(), weights),
         "mean_batch_size": _time_weighted_mean(steps["num_seqs"].to_numpy(), weights),
         "max_batch_size": int(steps["num_seqs"].max()) if num_steps else 0,

@@ -182,3 +182,17 @@ def test_cli_run_allocator_writes_the_breakdown(tmp_path: Path) -> None:
     assert config["options"]["allocator"] == "pow2"
     assert sum(summary[f] for f in SUMMARY_FIELDS) == pytest.approx(1.0)
     assert summary["kv_external_frag_share_mean"] > 0
+
+
+@pytest.mark.parametrize("allocator", ["paged", "oracle"])
+def test_breakdown_means_use_the_summary_weights_even_when_until_cuts_a_step(
+    allocator: str,
+) -> None:
+    r = run(RunConfig(trace=DEFAULT_TRACE_NAME, allocator=allocator, until=30.3))
+    s = r.summary
+    held = s["kv_token_state_share_mean"] + s["kv_reservation_share_mean"]
+    held += s["kv_internal_frag_share_mean"]
+    assert held == pytest.approx(s["kv_usage_mean"], rel=1e-9)
+    assert s["kv_reservation_share_mean"] + s["kv_internal_frag_share_mean"] == pytest.approx(
+        s["internal_fragmentation_mean"], rel=1e-9
+    )
