@@ -11,6 +11,7 @@ end (kvsim.atomic), so an interrupted sweep leaves nothing behind.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -57,6 +58,7 @@ class SweepResult:
     table: pd.DataFrame
     command: list[str]
     wall_s: float
+    report_error: str | None = None  # the report could not be written (the rest was)
 
     @property
     def num_failed(self) -> int:
@@ -115,7 +117,8 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
 
 def _process_pool(tasks: list[Task], on_done: OnDone, jobs: int) -> None:
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_pool_context()) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_pool_context())
+    try:
         futures = {pool.submit(run_point, *task): task for task in tasks}
         for future in as_completed(futures):
             try:
@@ -126,6 +129,10 @@ def _process_pool(tasks: list[Task], on_done: OnDone, jobs: int) -> None:
                 error = f"worker process died (out of memory?): {exc}"
                 outcome = PointOutcome(index, failed_row(point, error), error=error)
             on_done(outcome)
+    except BaseException:  # Ctrl-C or a driver error: start nothing more
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _ray(tasks: list[Task], on_done: OnDone, jobs: int, address: str | None) -> None:
@@ -143,10 +150,10 @@ def _ray(tasks: list[Task], on_done: OnDone, jobs: int, address: str | None) -> 
                     num_cpus=jobs,
                     include_dashboard=False,
                     log_to_driver=False,
-                    logging_level="ERROR",
+                    logging_level=logging.ERROR,
                 )
             else:
-                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         except Exception as exc:
             raise SweepError(f"cannot start or reach Ray ({address or 'local'}): {exc}") from None
     try:
@@ -237,7 +244,11 @@ def run_sweep(
         if report:
             from kvsim.sweep_report import write_report
 
-            write_report(result, tmp)
+            try:
+                write_report(result, tmp)
+            except Exception as exc:  # keep the results: the table and points are written
+                result.report_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                (tmp / "report_error.txt").write_text(traceback.format_exc())
     return result
 
 

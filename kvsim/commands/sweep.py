@@ -137,8 +137,10 @@ def sweep_command(
     )
     console.print(f"sweep folder: [bold]{out_dir}[/bold] (report.html, report.md, sweep.csv)")
     console.print(f"reproduce: {shlex.join(result.command)}", soft_wrap=True, highlight=False)
-    if result.num_failed:
-        raise typer.Exit(1)  # the sweep folder is complete; some points failed
+    if result.report_error:
+        console.print(f"[red]the report failed:[/red] {result.report_error}", highlight=False)
+    if result.num_failed or result.report_error:
+        raise typer.Exit(1)  # the sweep folder is written; some points (or the report) failed
 
 
 def _print_points(spec: Any) -> None:

@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.sweep import SweepError
+from kvsim.config import RunConfig
+from kvsim.sweep import SweepError, make_spec
 from kvsim.sweep_exec import run_sweep
 from tests.kvsim.test_sweep import grid, write_tiny_trace
 
@@ -133,3 +134,14 @@ def test_a_sweep_that_cannot_start_leaves_no_folder(tiny_trace: str, tmp_path: P
     assert list(tmp_path.iterdir()) == []
     result = CliRunner().invoke(app, ["sweep", tiny_trace, "--param", "bogus=1,2"])
     assert result.exit_code == 2 and "unknown run option 'bogus'" in result.output
+
+
+def test_a_sweep_where_every_point_fails_still_has_a_report(
+    tiny_trace: str, tmp_path: Path
+) -> None:
+    spec = make_spec(RunConfig(trace=tiny_trace), [("model", ("nope-a", "nope-b"))])
+    result = run_sweep(spec, tmp_path / "sw", executor="serial")
+    assert result.num_failed == 2 and result.report_error is None
+    assert "No point succeeded." in (tmp_path / "sw" / "report.md").read_text()
+    assert "nope-b" in (tmp_path / "sw" / "report.html").read_text()
+    assert list((tmp_path / "sw" / "plots").iterdir()) == []
