@@ -3,8 +3,9 @@
 50,000 requests (prompt ~ lognormal mean 1,000, output mean 200, like the Azure 2023
 conversation trace), block size 16, 16,000 blocks, max_num_seqs 256, all queued at t=0 and
 driven through schedule()/update() with fake tokens. Prints wall seconds, steps/s and decode
-token-steps/s (one running sequence advanced by one token), as the median of --repeats runs,
-with and without an event recorder attached.
+token-steps/s (one running sequence advanced by one token), as the median of --repeats runs:
+the plain Scheduler with and without an event recorder, and the FastDecodeScheduler the
+simulator's cost mode uses (identical results, O(allocations + finishes) per decode step).
 
     python benchmarks/bench_scheduler.py [--requests 50000] [--repeats 3]
 """
@@ -18,6 +19,7 @@ import time
 import numpy as np
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from engine.fast_decode import FastDecodeScheduler
 
 
 def lognormal(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
@@ -32,10 +34,13 @@ def make_requests(n: int, seed: int) -> list[tuple[int, int]]:
     return list(zip(prompts.tolist(), outputs.tolist()))
 
 
-def run_once(requests: list[tuple[int, int]], record_events: bool) -> dict[str, float]:
+def run_once(
+    requests: list[tuple[int, int]], record_events: bool, scheduler_class: type[Scheduler]
+) -> dict[str, float]:
     recorder = EventRecorder() if record_events else None
     bm = BlockManager(num_blocks=16_000, block_size=16, event_sink=recorder)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192), bm)
+    config = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192)
+    sched = scheduler_class(config, bm)
     for i, (prompt, output) in enumerate(requests):
         params = SamplingParams(max_tokens=output, ignore_eos=True)
         sched.add_request(Sequence(i, range(prompt), params))
@@ -66,23 +71,32 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     requests = make_requests(args.requests, args.seed)
-    results: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    variants = {
+        "Scheduler, events off": (False, Scheduler),
+        "Scheduler, events on": (True, Scheduler),
+        "FastDecodeScheduler, events on": (True, FastDecodeScheduler),
+    }
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for _ in range(args.repeats):
-        for record in (False, True):
-            results[record].append(run_once(requests, record))
-    for record, runs in results.items():
+        for name, (record, scheduler_class) in variants.items():
+            results[name].append(run_once(requests, record, scheduler_class))
+    medians = {}
+    for name, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        medians[name] = med
         print(
-            f"events={'on ' if record else 'off'}  wall {med['wall_s']:.2f} s  "
-            f"steps {med['steps']:.0f}  steps/s {med['steps_per_s']:,.0f}  "
-            f"decode token-steps/s {med['decode_token_steps_per_s']:,.0f}  "
+            f"{name:32s} wall {med['wall_s']:6.2f} s  steps {med['steps']:,.0f}  "
+            f"steps/s {med['steps_per_s']:8,.0f}  "
+            f"decode token-steps/s {med['decode_token_steps_per_s']:11,.0f}  "
             f"events {med['events']:,.0f}  (median of {len(runs)})"
         )
-    off = statistics.median(r["decode_token_steps_per_s"] for r in results[False])
-    on = statistics.median(r["decode_token_steps_per_s"] for r in results[True])
+    plain = medians["Scheduler, events off"]["decode_token_steps_per_s"]
+    on = medians["Scheduler, events on"]["decode_token_steps_per_s"]
+    fast = medians["FastDecodeScheduler, events on"]["decode_token_steps_per_s"]
     print(
-        f"target >= 1,000,000 decode token-steps/s: {off / 1e6:.2f}x of target (events off), "
-        f"recorder overhead {off / on:.2f}x"
+        f"target >= 1,000,000 decode token-steps/s: plain Scheduler {plain / 1e6:.2f}x of target "
+        f"(events off), {on / 1e6:.2f}x (events on); FastDecodeScheduler {fast / on:.1f}x the "
+        "plain one with events on"
     )
 
 

@@ -13,9 +13,9 @@ step by step):
   class of (cached tokens - mark) modulo block_size, kept in per-class lists in admission order;
 - finishes come off a heap keyed by the decode step whose update finishes them.
 
-Anything the fast path cannot reproduce exactly (a decode step that would preempt) falls back
-to the plain Scheduler after bringing every sequence up to date. Call ``sync()`` before reading
-running sequences' state or calling ``check_invariants()``.
+Preemption and rejection go through the plain Scheduler's own code, after bringing the victim
+up to date. Call ``sync()`` before reading running sequences' state or calling
+``check_invariants()``.
 """
 
 from __future__ import annotations
@@ -103,12 +103,18 @@ class FastDecodeScheduler(Scheduler):
             )
         super().add_request(seq)
 
+    def _leave(self, seq: Sequence) -> None:
+        """``seq`` stops running: make its state exact, then stop tracking it."""
+        if seq.seq_id in self._epoch:
+            self._sync(seq)
+            del self._epoch[seq.seq_id]
+
     def _finish(self, seq: Sequence, status: SequenceStatus, kind: EventKind) -> None:
-        self._epoch.pop(seq.seq_id, None)
+        self._leave(seq)
         super()._finish(seq, status, kind)
 
     def _preempt(self, seq: Sequence) -> None:
-        self._epoch.pop(seq.seq_id, None)
+        self._leave(seq)
         super()._preempt(seq)
 
     def abort(self, seq_id: int) -> bool:
@@ -137,11 +143,16 @@ class FastDecodeScheduler(Scheduler):
             if seq.cached_token_count + d - state[1] >= len(seq.block_table) * bs:
                 needing.append(seq)
         bucket[:] = live
-        if len(needing) > bm.get_num_free_blocks():
-            # Preemption: let the plain Scheduler do it, from exact state.
-            self.sync()
-            return super()._schedule_decode()
+        # As the plain Scheduler's decode loop, visiting only the sequences that need a
+        # block (the others raise no event): preempt from the most recently admitted when
+        # no block is free. Victims that were to be visited later are gone by then.
+        preempted: list[Sequence] = []
+        rejected: list[Sequence] = []
         for seq in needing:
+            if seq.status is not RUNNING:
+                continue
+            if bm.get_num_free_blocks() == 0 and not self._make_room(seq, preempted, rejected):
+                break
             bm.append_block(seq)
         out = FastDecodeOutput(
             step=self.step,
@@ -149,8 +160,8 @@ class FastDecodeScheduler(Scheduler):
             seqs=running.copy(),
             num_new_tokens=[1] * len(running),
             block_size=bs,
-            preempted=[],
-            rejected=[],
+            preempted=preempted,
+            rejected=rejected,
         )
         self._fast_out = out
         return out
@@ -158,16 +169,11 @@ class FastDecodeScheduler(Scheduler):
     def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
         if output is not self._fast_out:
             finished = super().update(output, sampled_token_ids)
+            # Only prefill steps (and empty ones) take the plain path.
             if output.kind is StepKind.PREFILL:
                 for seq in output.seqs:
                     if seq.status is RUNNING:
                         self._join(seq)
-            elif output.seqs:
-                # A plain decode step advanced every running sequence by one token itself.
-                self._decodes += 1
-                epoch, d = self._epoch, self._decodes
-                for seq in self._running:
-                    epoch[seq.seq_id] = (epoch[seq.seq_id][0], d)
             return finished
         if output is not self._pending:
             raise SchedulerError(f"update() got step {output.step}, not the pending step")

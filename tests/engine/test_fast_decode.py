@@ -16,7 +16,8 @@ from engine import (
 from engine.fast_decode import FastDecodeScheduler
 
 op = st.one_of(
-    st.tuples(st.just("add"), st.integers(1, 90), st.integers(1, 40)),
+    # Short prompts in small pools: most requests fit, and growth keeps preempting.
+    st.tuples(st.just("add"), st.integers(1, 30), st.integers(1, 40)),
     st.tuples(st.just("step"), st.integers(1, 4), st.just(0)),
     st.tuples(st.just("abort"), st.integers(0, 30), st.just(0)),
     st.tuples(st.just("abort_mid_step"), st.integers(0, 30), st.just(0)),
@@ -85,6 +86,17 @@ def test_fast_decode_matches_the_plain_scheduler(
     assert fast[2] == plain[2]
     fast[3].block_manager.check_invariants()
     assert fast[3].block_manager.get_num_free_blocks() == num_blocks
+
+
+def test_a_victim_preempted_for_an_earlier_sequence_gets_no_block():
+    # Block size 1: all three need a block each decode step. With one block free, 0 takes
+    # it, 1 preempts 2 (the most recently admitted) and takes one of its blocks; 2, also due
+    # a block this step, must not get one.
+    ops = [("add", 3, 10), ("add", 3, 10), ("add", 3, 10), ("step", 4, 0)]
+    plain = drive(Scheduler, ops, 10, 1, 8, 0.0)
+    fast = drive(FastDecodeScheduler, ops, 10, 1, 8, 0.0)
+    assert plain[0][1][3] == [2]  # the second step preempted sequence 2
+    assert fast[:3] == plain[:3]
 
 
 def test_sync_brings_running_sequences_up_to_date():
