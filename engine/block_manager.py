@@ -203,11 +203,13 @@ class BlockManager:
         block_id = self._free.popleft()
         self._ref_counts[block_id] = 1
         self._owners[block_id] = seq.seq_id
-        seq.block_table.append(block_id)
-        self._seqs[seq.seq_id] = seq  # a no-op unless the table was empty
+        table = seq.block_table
+        table.append(block_id)
+        if len(table) == 1:
+            self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
             self.event_sink.record(
-                EventKind.APPEND_BLOCK, seq.seq_id, len(self._free), (block_id,), 1
+                EventKind.APPEND_BLOCK, seq.seq_id, len(self._free), [block_id], 1
             )
         return block_id
 

@@ -157,10 +157,12 @@ class EventRecorder:
     def record_step(
         self, kind: StepKind, num_seqs: int, num_batched_tokens: int, free_blocks: int
     ) -> None:
-        self.record(EventKind.STEP, NO_SEQ, free_blocks, (), num_batched_tokens)
-        self._step_rows.append(
-            (self.clock(), self.step, kind, num_seqs, num_batched_tokens, free_blocks)
-        )
+        now, step = self.clock(), self.step
+        self._step_rows.append((now, step, kind, num_seqs, num_batched_tokens, free_blocks))
+        rows = self._rows
+        rows.append((now, step, EventKind.STEP, NO_SEQ, free_blocks, num_batched_tokens, 0))
+        if len(rows) >= self.chunk_size:
+            self._pack()
 
     def _pack(self) -> None:
         chunk = _to_columns(self._rows, EVENT_COLUMNS, EVENT_DTYPES)

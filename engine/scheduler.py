@@ -45,6 +45,7 @@ class Scheduler:
         self._unfinished: dict[int, Sequence] = {}
         self._finished_early: list[Sequence] = []  # rejected in schedule(), returned by update()
         self._pending: SchedulerOutput | None = None
+        self._head_fits: Sequence | None = None  # the waiting head last found able to fit
         # Unfinished sequences that some token can stop (EOS or stop ids); decode runs need 0.
         self.num_stoppable = 0
         self.step = 0
@@ -107,7 +108,7 @@ class Scheduler:
         sink = self.event_sink
         if sink is not None:
             sink.begin_step(self.step)
-        out = self._schedule_prefill() if self._waiting else None
+        out = self._schedule_prefill() if self._waiting and not self._head_blocked() else None
         if out is None:
             out = self._schedule_decode()
         self._pending = out
@@ -120,6 +121,16 @@ class Scheduler:
             )
         return out
 
+    def _head_blocked(self) -> bool:
+        """A cheap early refusal for the common case of a long queue: the waiting head was
+        already found able to fit, and still has no seat or no blocks."""
+        head = self._waiting[0]
+        if head is not self._head_fits:
+            return False
+        if len(self._running) >= self.config.max_num_seqs:
+            return True
+        return not self.block_manager.can_allocate(head.num_tokens, head)
+
     def _schedule_prefill(self) -> SchedulerOutput | None:
         cfg, bm, sink = self.config, self.block_manager, self.event_sink
         waiting = self._waiting
@@ -131,8 +142,12 @@ class Scheduler:
         while waiting:
             seq = waiting[0]
             n = seq.num_tokens  # waiting sequences hold no cache: all tokens are new
-            reason = self._never_fits(seq, n)
-            if reason is not None:
+            # A waiting sequence's length does not change, so one check per stay at the head
+            # is enough (a blocked head is looked at again every step).
+            reason = None if seq is self._head_fits else self._never_fits(seq, n)
+            if reason is None:
+                self._head_fits = seq
+            else:
                 waiting.popleft()
                 self._reject(seq, reason)
                 rejected.append(seq)
@@ -142,6 +157,7 @@ class Scheduler:
             if not bm.can_allocate(n, seq):
                 break
             waiting.popleft()
+            self._head_fits = None  # if it comes back (preempted), it has grown: check again
             bm.allocate_for_prefill(seq, n)
             seq.status = RUNNING
             seqs.append(seq)
