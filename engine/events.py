@@ -186,7 +186,7 @@ class EventRecorder:
             has = counts > 0
             first[has] = block_ids[(np.cumsum(counts) - counts)[has]]
             chunk["first_block"] = first
-            block_ids = block_ids[:0]
+            block_ids = np.empty(0, dtype=np.int64)  # not a view: it would pin the chunk's ids
         self._chunks.append((chunk, block_ids))
 
     def flush(self) -> None:
