@@ -3,7 +3,7 @@ conversation trace: llama-2-7b on an A100-80GB, pool planned from GPU memory, th
 pool with one worker per CPU. Prints the sweep's wall time (median of --repeats), and per point
 its simulator wall time and its whole time (load, simulate, metrics, run folder).
 
-    python benchmarks/bench_sweep.py [--repeats 1] [--jobs N] [--no-events] [--executor process]
+    python benchmarks/bench_sweep.py [--repeats 1] [--jobs N] [--events] [--executor process]
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=default_jobs())
     parser.add_argument("--executor", default="process")
-    parser.add_argument("--no-events", action="store_true", help="skip events.parquet per point")
+    parser.add_argument("--events", action="store_true", help="write events.parquet per point")
     parser.add_argument("--allocator", default="paged")
     args = parser.parse_args()
     spec = make_spec(
         RunConfig(trace=args.trace, allocator=args.allocator),
         [("block_size", BLOCK_SIZES)],
-        events=not args.no_events,
+        events=args.events,
     )
     walls = []
     for _ in range(args.repeats):
@@ -45,7 +45,7 @@ def main() -> None:
     t = result.table
     print(
         f"{args.trace}: {len(t)} points, {args.jobs} jobs ({args.executor}), "
-        f"events {'off' if args.no_events else 'on'}"
+        f"events {'on' if args.events else 'off'}"
     )
     print(
         f"{'block':>6} {'blocks':>9} {'sim wall s':>11} {'point s':>8} {'req/s':>8} {'status':>7}"

@@ -50,7 +50,7 @@ class SweepSpec:
     slo_tpot_s: float | None = None
     slo_percentile: int = 99
     kv_slots: int | None = None  # hold these KV slots: num_blocks = kv_slots // block_size
-    events: bool = True  # write each point's events.parquet
+    events: bool = False  # write each point's events.parquet (big at small block sizes)
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.axes]
@@ -268,8 +268,8 @@ def command_line(spec: SweepSpec) -> list[str]:
         args += ["--slo-tpot", format_value(spec.slo_tpot_s)]
     if spec.has_slo and spec.slo_percentile != 99:
         args += ["--slo-percentile", str(spec.slo_percentile)]
-    if not spec.events:
-        args.append("--no-events")
+    if spec.events:
+        args.append("--events")
     return args
 
 

@@ -77,7 +77,15 @@ def sweep_command(
     executor: Annotated[str, Opt(help="process (local pool), serial, or ray")] = "process",
     address: Annotated[str | None, Opt(help="Ray cluster address (default: a local Ray)")] = None,
     out: Annotated[Path | None, Opt(help="Sweep folder [default: sweeps/<trace>-<time>]")] = None,
-    no_events: Annotated[bool, Opt("--no-events", help="Skip each point's events.parquet")] = False,
+    events: Annotated[
+        bool,
+        Opt(
+            "--events/--no-events",
+            help="Write each point's events.parquet (off by default: a block-size-1 point "
+            "has tens of millions of event rows; rerun a point with kvsim run --config to "
+            "get its events)",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, Opt("--dry-run", help="List the points and the reproduce command; run nothing")
     ] = False,
@@ -123,7 +131,7 @@ def sweep_command(
             slo_tpot_s=slo_tpot,
             slo_percentile=slo_percentile,
             kv_slots=kv_slots,
-            events=not no_events,
+            events=events,
         )
         if dry_run:
             _print_points(spec)

@@ -26,8 +26,9 @@ def write_tiny_trace(folder: Path) -> str:
 
 
 def grid(trace: str, **options: object) -> SweepSpec:
-    """block_size 16, 64 x allocator paged, max: four quick points."""
+    """block_size 16, 64 x allocator paged, max: four quick points, events written."""
     axes = [("block_size", (16, 64)), ("allocator", ("paged", "max"))]
+    options.setdefault("events", True)
     return make_spec(RunConfig(trace=trace), axes, **options)  # type: ignore[arg-type]
 
 

@@ -91,7 +91,6 @@ def rate_sweep(tiny_trace: str, tmp_path_factory: pytest.TempPathFactory) -> tup
         "serial",
         "--out",
         str(out),
-        "--no-events",
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1, result.output  # some points failed; the folder is complete
@@ -120,6 +119,7 @@ def test_rate_sweep_finds_the_highest_rate_meeting_the_slo(rate_sweep: tuple[Pat
     assert ok["slo_met"].tolist() == (ok["ttft_s_p99"] <= 0.5).tolist()
     assert ok["slo_met"].iloc[0] and not ok["slo_met"].iloc[-1]
     assert not table["slo_met"][table["status"] == "failed"].any()
+    # Points write no events unless asked (--events).
     assert not (out / "points" / ok["folder"].iloc[0] / "events.parquet").exists()
     last_met = ok["rate"][ok["slo_met"]].max()
     md = (out / "report.md").read_text()
