@@ -93,6 +93,26 @@ def _to_columns(
     }
 
 
+def _merge(chunks: list[tuple[Columns, np.ndarray]]) -> tuple[Columns, np.ndarray]:
+    """Concatenate ``chunks`` (emptying the list as it goes), so the peak is the merged
+    columns plus one chunk rather than twice every event."""
+    names = list(chunks[0][0])
+    num_events = sum(len(c[names[0]]) for c, _ in chunks)
+    num_blocks = sum(len(b) for _, b in chunks)
+    merged = {n: np.empty(num_events, dtype=chunks[0][0][n].dtype) for n in names}
+    block_ids = np.empty(num_blocks, dtype=np.int64)
+    at = block_at = 0
+    chunks.reverse()
+    while chunks:
+        chunk, blocks = chunks.pop()
+        end = at + len(chunk[names[0]])
+        for n in names:
+            merged[n][at:end] = chunk[n]
+        block_ids[block_at : block_at + len(blocks)] = blocks
+        at, block_at = end, block_at + len(blocks)
+    return merged, block_ids
+
+
 class EventRecorder:
     """An ``EventSink`` that keeps events as compact columns.
 
@@ -200,8 +220,8 @@ class EventRecorder:
         self.flush()
         if not self._chunks:
             return _to_columns([], EVENT_COLUMNS, EVENT_DTYPES), np.empty(0, dtype=np.int64)
-        merged = {n: np.concatenate([c[n] for c, _ in self._chunks]) for n in self._chunks[0][0]}
-        self._chunks = [(merged, np.concatenate([b for _, b in self._chunks]))]
+        if len(self._chunks) > 1:
+            self._chunks = [_merge(self._chunks)]
         return self._chunks[0]
 
     def step_columns(self) -> Columns:
