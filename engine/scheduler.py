@@ -46,8 +46,6 @@ class Scheduler:
         self._finished_early: list[Sequence] = []  # rejected in schedule(), returned by update()
         self._pending: SchedulerOutput | None = None
         self._head_fits: Sequence | None = None  # the waiting head last found able to fit
-        # Unfinished sequences that some token can stop (EOS or stop ids); decode runs need 0.
-        self.num_stoppable = 0
         self.step = 0
         self.num_cached_tokens = 0  # sum of cached_token_count over sequences holding blocks
 
@@ -87,8 +85,6 @@ class Scheduler:
             )
         self._waiting.append(seq)
         self._unfinished[seq.seq_id] = seq
-        if seq._stop_ids:
-            self.num_stoppable += 1
         if self.event_sink is not None:
             self.event_sink.record(
                 EventKind.ARRIVE,
@@ -281,8 +277,6 @@ class Scheduler:
         """Mark ``seq`` finished and free its blocks; the caller removes it from the queues."""
         seq.status = status
         self._unfinished.pop(seq.seq_id, None)
-        if seq._stop_ids:
-            self.num_stoppable -= 1
         self.num_cached_tokens -= seq.cached_token_count
         sink = self.event_sink
         if sink is not None:

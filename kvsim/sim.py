@@ -75,7 +75,9 @@ class Simulation:
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
-        ids (engine mode); without it prompts are ``range(prompt_tokens)``."""
+        ids (engine mode); without it prompts are ``range(prompt_tokens)``. With
+        ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file)
+        and the recorder keeps event rows with their first block id only."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
