@@ -66,6 +66,10 @@ class EventSink(Protocol):
     ) -> None:
         """One scheduled step; ``free_blocks`` is the count after scheduling it."""
 
+    def record_appends(self, seq_ids: list[int], block_ids: list[int], free_blocks: int) -> None:
+        """APPEND_BLOCK events, one per (sequence, block), in order; ``free_blocks`` is the
+        count after the first of them (each later one has one fewer)."""
+
 
 def _zero_clock() -> float:
     return 0.0
@@ -181,6 +185,16 @@ class EventRecorder:
         self._step_rows.append((now, step, kind, num_seqs, num_batched_tokens, free_blocks))
         rows = self._rows
         rows.append((now, step, EventKind.STEP, NO_SEQ, free_blocks, num_batched_tokens, 0))
+        if len(rows) >= self.chunk_size:
+            self._pack()
+
+    def record_appends(self, seq_ids: list[int], block_ids: list[int], free_blocks: int) -> None:
+        now, step, kind = self.clock(), self.step, EventKind.APPEND_BLOCK
+        rows = self._rows
+        rows.extend(
+            [(now, step, kind, sid, free_blocks - i, 1, 1) for i, sid in enumerate(seq_ids)]
+        )
+        self._block_ids.extend(block_ids)
         if len(rows) >= self.chunk_size:
             self._pack()
 

@@ -148,12 +148,17 @@ class FastDecodeScheduler(Scheduler):
         # no block is free. Victims that were to be visited later are gone by then.
         preempted: list[Sequence] = []
         rejected: list[Sequence] = []
-        for seq in needing:
-            if seq.status is not RUNNING:
-                continue
-            if bm.get_num_free_blocks() == 0 and not self._make_room(seq, preempted, rejected):
-                break
-            bm.append_block(seq)
+        if not needing:
+            pass
+        elif len(needing) <= bm.get_num_free_blocks():
+            bm.append_blocks(needing)  # no preemption this step: all at once
+        else:
+            for seq in needing:
+                if seq.status is not RUNNING:
+                    continue
+                if bm.get_num_free_blocks() == 0 and not self._make_room(seq, preempted, rejected):
+                    break
+                bm.append_block(seq)
         out = FastDecodeOutput(
             step=self.step,
             kind=StepKind.DECODE,

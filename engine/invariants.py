@@ -7,6 +7,9 @@ Kept apart from block_manager.py so the hot paths there stay short to read; only
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from collections.abc import Sequence as Ints
+
+import numpy as np
 
 from engine.errors import InvariantError
 from engine.sequence import Sequence
@@ -22,8 +25,8 @@ def check_block_manager(
     num_blocks: int,
     block_size: int,
     free: Collection[int],
-    ref_counts: list[int],
-    owners: list[int],
+    ref_counts: Ints[int] | np.ndarray,
+    owners: Ints[int] | np.ndarray,
     seqs: Mapping[int, Sequence],
 ) -> None:
     """Raise ``InvariantError`` naming the block and sequence at the first broken invariant."""
