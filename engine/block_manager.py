@@ -14,15 +14,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.errors import DoubleFreeError, InvariantError, OutOfBlocksError
 from engine.events import EventKind, EventSink
 from engine.invariants import FREE_OWNER, check_block_manager
 from engine.sequence import Sequence
 
 NO_OWNER = -2  # owner-table entry of a block taken with allocate_blocks() by no sequence
-BULK_BLOCKS = 48  # from this many blocks on, per-block bookkeeping is done with numpy
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +65,8 @@ class BlockManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.event_sink = event_sink
         self._free: deque[int] = deque(range(num_blocks))
-        # numpy, so a prefill's or a free's hundreds of blocks (thousands at block size 1)
-        # are updated in one vectorised operation.
-        self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
-        self._owners = np.full(num_blocks, FREE_OWNER, dtype=np.int64)
+        self._ref_counts = [0] * num_blocks
+        self._owners = [FREE_OWNER] * num_blocks
         self._seqs: dict[int, Sequence] = {}  # sequences holding blocks, by seq_id
 
     # --- queries -----------------------------------------------------------------------
@@ -109,7 +104,7 @@ class BlockManager:
 
     def owner_of(self, block_id: int) -> int:
         """The seq_id owning ``block_id``; FREE_OWNER (-1) or NO_OWNER (-2) otherwise."""
-        return int(self._owners[block_id])
+        return self._owners[block_id]
 
     # --- low level -----------------------------------------------------------------------
 
@@ -121,15 +116,10 @@ class BlockManager:
             )
         popleft = self._free.popleft
         block_ids = [popleft() for _ in range(n)]
-        if n >= BULK_BLOCKS:
-            index = np.array(block_ids, dtype=np.int64)
-            self._ref_counts[index] = 1
-            self._owners[index] = owner
-        else:
-            refs, owners = self._ref_counts, self._owners
-            for b in block_ids:
-                refs[b] = 1
-                owners[b] = owner
+        refs, owners = self._ref_counts, self._owners
+        for b in block_ids:
+            refs[b] = 1
+            owners[b] = owner
         return block_ids
 
     def free_blocks(self, block_ids: list[int]) -> None:
@@ -153,13 +143,6 @@ class BlockManager:
         """Drop a sequence's references: the fast path of free_blocks for tables this manager
         built itself, so it validates while it goes instead of in a separate pass."""
         refs, owners, free = self._ref_counts, self._owners, self._free
-        if len(table) >= BULK_BLOCKS:
-            index = np.array(table, dtype=np.int64)
-            if (refs[index] == 1).all():  # no shared block (always so until prefix caching)
-                refs[index] = 0
-                owners[index] = FREE_OWNER
-                free.extend(table)
-                return
         for b in table:
             count = refs[b] - 1
             if count < 0:
@@ -238,25 +221,19 @@ class BlockManager:
         if n > len(free):
             raise OutOfBlocksError(f"{n} sequences need a block, only {len(free)} are free")
         popleft = free.popleft
-        block_ids = [popleft() for _ in range(n)]
-        seq_ids = [s.seq_id for s in seqs]
-        if n >= BULK_BLOCKS:
-            index = np.array(block_ids, dtype=np.int64)
-            self._ref_counts[index] = 1
-            self._owners[index] = seq_ids
-        else:
-            refs, owners = self._ref_counts, self._owners
-            for b, sid in zip(block_ids, seq_ids):
-                refs[b] = 1
-                owners[b] = sid
-        held = self._seqs
-        for seq, b in zip(seqs, block_ids):
+        refs, owners, held = self._ref_counts, self._owners, self._seqs
+        block_ids = []
+        for seq in seqs:
+            b = popleft()
+            refs[b] = 1
+            owners[b] = seq.seq_id
             table = seq.block_table
             table.append(b)
             if len(table) == 1:
                 held[seq.seq_id] = seq
+            block_ids.append(b)
         if self.event_sink is not None:
-            self.event_sink.record_appends(seq_ids, block_ids, len(free) + n - 1)
+            self.event_sink.record_appends([s.seq_id for s in seqs], block_ids, len(free) + n - 1)
 
     def get_slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Flat slot index of each token position in ``[start, end)`` of ``seq``."""
