@@ -113,7 +113,11 @@ def build_llm(config: RunConfig) -> LLMEngine:
 
 
 def run_engine_mode(
-    config: RunConfig, progress: Progress | None = None, events_path: Path | None = None
+    config: RunConfig,
+    progress: Progress | None = None,
+    events_path: Path | None = None,
+    *,
+    keep_events: bool = True,
 ) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     from kvsim.runner import load_workload, simulate
@@ -146,6 +150,7 @@ def run_engine_mode(
         scheduler=scheduler,
         prompt_tokens_of=tokens_of,
         events_path=events_path,
+        keep_events=keep_events,
     )
 
 

@@ -60,8 +60,7 @@ def write_run(result: RunResult, out: Path, *, plots: bool = True) -> Path:
             result.events.to_parquet(tmp / "events.parquet", index=False, compression="zstd")
         elif result.events_path is not None:
             shutil.move(result.events_path, tmp / "events.parquet")
-        else:
-            raise RunFolderError("the run has neither events in memory nor an events file")
+        # else: run(keep_events=False) kept no events; the folder has none either.
         if plots:
             _write_pictures(result, tmp)
     return out
@@ -74,7 +73,7 @@ def _write_pictures(result: RunResult, folder: Path) -> None:
     from kvsim.report import build_report
 
     events = result.events
-    if events is None:
+    if events is None and (folder / "events.parquet").exists():
         rows = pq.ParquetFile(folder / "events.parquet").metadata.num_rows
         events = (
             pd.read_parquet(folder / "events.parquet") if rows <= MAX_PLOTTED_EVENT_ROWS else None

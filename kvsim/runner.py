@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from engine import Scheduler, SchedulerConfig
+from engine.events import Columns
 from engine.fast_decode import FastDecodeScheduler
 from kvsim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.config import RunConfig
@@ -41,6 +43,10 @@ class RunResult:
     events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
     events_path: Path | None = None
     marks: pd.DataFrame | None = None  # PREEMPT and REJECT events, for the plots
+
+
+def _discard_chunk(cols: Columns, block_ids: np.ndarray) -> None:
+    """An events sink that keeps nothing (see ``run(keep_events=False)``)."""
 
 
 def load_workload(config: RunConfig) -> tuple[Path, Trace]:
@@ -81,16 +87,24 @@ def resolve_num_blocks(config: RunConfig, cost_model: CostModel) -> tuple[int, d
 
 
 def run(
-    config: RunConfig, progress: Progress | None = None, events_path: Path | None = None
+    config: RunConfig,
+    progress: Progress | None = None,
+    events_path: Path | None = None,
+    *,
+    keep_events: bool = True,
 ) -> RunResult:
     """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode.
 
     With ``events_path`` the events are streamed to that Parquet file as the run goes (memory
-    stays bounded whatever the trace's length) and ``RunResult.events`` is None."""
+    stays bounded whatever the trace's length) and ``RunResult.events`` is None. Without
+    ``keep_events`` they are neither kept nor written (the metrics are computed all the same):
+    for sweeps, where a small block size makes tens of millions of block rows."""
+    if not keep_events:
+        events_path = None
     if config.mode == "engine":
         from kvsim.engine_mode import run_engine_mode
 
-        return run_engine_mode(config, progress, events_path)
+        return run_engine_mode(config, progress, events_path, keep_events=keep_events)
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     num_blocks, plan = resolve_num_blocks(config, cost_model)
@@ -107,7 +121,7 @@ def run(
     }
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
-        events_path=events_path,
+        events_path=events_path, keep_events=keep_events,
     )  # fmt: skip
 
 
@@ -123,6 +137,7 @@ def simulate(
     scheduler: Scheduler | None = None,
     prompt_tokens_of: Callable[[Request], Any] | None = None,
     events_path: Path | None = None,
+    keep_events: bool = True,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
     and BlockManager built from ``config``, ``num_blocks`` and ``max_model_len``)."""
@@ -146,13 +161,11 @@ def simulate(
         until=config.until,
     )
     writer = EventsParquetWriter(events_path) if events_path is not None else None
+    on_chunk = writer.write_chunk if writer is not None else None
+    if not keep_events:
+        on_chunk = _discard_chunk  # streamed nowhere: the recorder keeps only event rows
     sim = Simulation(
-        trace.requests,
-        scheduler,
-        executor,
-        settings,
-        prompt_tokens_of,
-        on_events_chunk=writer.write_chunk if writer is not None else None,
+        trace.requests, scheduler, executor, settings, prompt_tokens_of, on_events_chunk=on_chunk
     )
     try:
         result = sim.run(progress)
@@ -161,7 +174,7 @@ def simulate(
             writer.close()
     steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len)
     requests = requests_frame(result, steps)
-    events = events_frame(result) if writer is None else None
+    events = events_frame(result) if on_chunk is None else None
     summary = summarize(result, requests, steps)
     marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

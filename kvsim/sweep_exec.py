@@ -79,14 +79,11 @@ def run_point(
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
-            # Events stream to disk while the point runs, so memory stays bounded.
-            result = run(point.config, None, Path(tmp) / "events.parquet")
+            # Events stream to disk while the point runs, so memory stays bounded; without
+            # --events they are not written at all (tens of millions of rows at block size 1).
+            result = run(point.config, None, Path(tmp) / "events.parquet", keep_events=events)
             folder = write_run(result, Path(tmp) / "run", plots=False)
-            files = {
-                p.name: p.read_bytes()
-                for p in sorted(folder.iterdir())
-                if p.is_file() and (events or p.name != "events.parquet")
-            }
+            files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
         row = point_row(point, result, time.perf_counter() - start)
         return PointOutcome(index, row, files)
     except Exception as exc:  # a failing point is reported; the sweep goes on

@@ -16,12 +16,16 @@ def both(config: RunConfig) -> tuple[dict, dict]:
     return results[False], results[True]
 
 
+def assert_identical_summaries(a: dict, b: dict) -> None:
+    for key, value in a.items():
+        if key not in ("wall_time_s", "sim_requests_per_wall_s", "sim_steps_per_wall_s"):
+            assert b[key] == value, key
+
+
 def assert_identical(a, b) -> None:
     for table in ("events", "steps", "requests"):
         pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
-    for key, value in a.summary.items():
-        if key not in ("wall_time_s", "sim_requests_per_wall_s", "sim_steps_per_wall_s"):
-            assert b.summary[key] == value, key
+    assert_identical_summaries(a.summary, b.summary)
 
 
 @pytest.mark.parametrize(
@@ -59,3 +63,17 @@ def test_fast_decode_matches_the_plain_scheduler_with_cancellations(tmp_path):
     a, b = both(RunConfig(trace=str(path), num_blocks=400))
     assert (a.requests["status"] == "aborted").sum() > 0
     assert_identical(a, b)
+
+
+def test_a_run_that_keeps_no_events_measures_the_same(tmp_path):
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min", num_blocks=900)
+    kept = run(config)
+    lean = run(config, keep_events=False)
+    assert lean.events is None and lean.events_path is None
+    pd.testing.assert_frame_equal(kept.steps, lean.steps)
+    pd.testing.assert_frame_equal(kept.requests, lean.requests)
+    assert_identical_summaries(kept.summary, lean.summary)
+    from kvsim.run_folder import write_run
+
+    folder = write_run(lean, tmp_path / "run", plots=False)
+    assert not (folder / "events.parquet").exists()
