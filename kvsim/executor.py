@@ -57,9 +57,4 @@ class CostModelExecutor:
         n = len(out.seqs)
         if len(self._zeros) < n:
             self._zeros = [0] * n
-        if out.kind is StepKind.DECODE:  # inlined: the simulator calls this every step
-            dt = self.cost_model.step_time_of(
-                n, n, 0, scheduler.num_cached_tokens + n, scheduler.block_manager.num_used_blocks
-            )
-            return dt, self._zeros[:n]
         return self.step_time(out, scheduler), self._zeros[:n]

@@ -164,6 +164,26 @@ def test_contiguous_cost_charges_one_block_table_entry_per_sequence() -> None:
     assert ex.decode_step_time(10, 5000, 99_999) == cm.step_time_of(10, 10, 0, 5000, 10)
 
 
+def test_a_contiguous_run_is_charged_per_sequence_through_execute() -> None:
+    # What the simulator calls each step: a decode step of a max-reservation run walks one
+    # block-table entry per sequence, not one per reserved slot.
+    from engine import SamplingParams, SchedulerConfig, Sequence
+    from engine.fast_decode import FastDecodeScheduler
+    from kvsim.allocators import build_allocator
+
+    cm = CostModel(resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"))
+    alloc = build_allocator("max", 64, 16, 0.0, 256)
+    sched = FastDecodeScheduler(SchedulerConfig(max_model_len=256), alloc)
+    for i in range(3):
+        sched.add_request(Sequence(i, range(20), SamplingParams(max_tokens=5, ignore_eos=True)))
+    ex = ContiguousCostExecutor(cm)
+    sched.update(sched.schedule(), [0, 0, 0])  # prefill
+    out = sched.schedule()  # decode of 3 sequences holding 3 x 256 reserved slots
+    dt, tokens = ex.execute(out, sched)
+    assert tokens == [0, 0, 0]
+    assert dt == cm.step_time_of(3, 3, 0, sched.num_cached_tokens + 3, 3)
+
+
 def test_config_rejects_unknown_allocators_and_contiguous_engine_mode() -> None:
     with pytest.raises(ConfigError, match="allocator must be one of"):
         RunConfig(trace="t", allocator="slab")
