@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from engine import BlockManager, Scheduler, SchedulerOutput, StepKind
+from engine import BlockManager, Scheduler, SchedulerOutput
 from engine.contiguous import POLICIES, ContiguousAllocator
 from kvsim.config import ALLOCATORS
-from kvsim.costmodel import causal_pairs
 from kvsim.executor import CostModelExecutor
 
 __all__ = ["ALLOCATORS", "ContiguousCostExecutor", "build_allocator"]
@@ -44,11 +43,5 @@ class ContiguousCostExecutor(CostModelExecutor):
     def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
         return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_seqs)
 
-    def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
-        n = len(out.seqs)
-        if out.kind is StepKind.DECODE:
-            return self.decode_step_time(n, scheduler.num_cached_tokens + n, n)
-        pairs = 0
-        for seq, new in zip(out.seqs, out.num_new_tokens):
-            pairs += causal_pairs(new, seq.cached_token_count)
-        return self.cost_model.step_time_of(n, out.num_batched_tokens, pairs, 0, n)
+    def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
+        return len(out.seqs)

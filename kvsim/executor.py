@@ -37,20 +37,22 @@ class CostModelExecutor:
         ``context_tokens`` tokens of K/V through ``num_blocks`` block-table entries."""
         return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_blocks)
 
+    def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
+        """Block-table entries the step's attention reads (read before ``update``)."""
+        if out.kind is StepKind.DECODE:
+            return scheduler.block_manager.num_used_blocks  # every used block is a runner's
+        return sum(len(seq.block_table) for seq in out.seqs)
+
     def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
         """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
         n = len(out.seqs)
+        blocks = self.blocks_walked(out, scheduler)
         if out.kind is StepKind.DECODE:
-            # Every running sequence decodes: its context is its cache plus this token, and
-            # every used block belongs to one of them.
-            return self.decode_step_time(
-                n, scheduler.num_cached_tokens + n, scheduler.block_manager.num_used_blocks
-            )
+            # Every running sequence decodes: its context is its cache plus this token.
+            return self.cost_model.step_time_of(n, n, 0, scheduler.num_cached_tokens + n, blocks)
         pairs = 0
-        blocks = 0
         for seq, new in zip(out.seqs, out.num_new_tokens):
             pairs += causal_pairs(new, seq.cached_token_count)
-            blocks += len(seq.block_table)
         return self.cost_model.step_time_of(n, out.num_batched_tokens, pairs, 0, blocks)
 
     def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
