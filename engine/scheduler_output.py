@@ -120,12 +120,6 @@ class SchedulerOutput:
         self._check_live()
         return [s.cached_token_count + n for s, n in zip(self.seqs, self.num_new_tokens)]
 
-    @property
-    def start_positions(self) -> list[int]:
-        """Per sequence: the token index of its first token this step."""
-        self._check_live()
-        return [s.cached_token_count for s in self.seqs]
-
     def __repr__(self) -> str:
         return (
             f"SchedulerOutput(step={self.step}, kind={self.kind}, num_seqs={self.num_seqs}, "
