@@ -64,7 +64,7 @@ def bench_trace(repeats: int) -> None:
     print(f"peak RSS {peak_rss_mib():,.0f} MiB")
 
 
-def bench_million() -> None:
+def bench_million(num_requests: int) -> None:
     from workloads import ArrivalProcess, generate_trace, save_trace
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,19 +76,19 @@ def bench_million() -> None:
             arrivals=ArrivalProcess(rate_per_s=16.0, kind="poisson"),
             prompt="lognormal:1000:1.0:4000",
             output="lognormal:200:1.0:2000",
-            num_requests=1_000_000,
+            num_requests=num_requests,
             seed=1,
             name="million",
         )
         save_trace(trace, path)
         del trace
-        print(f"generated 1M requests in {time.perf_counter() - start:.1f} s")
+        print(f"generated {num_requests:,} requests in {time.perf_counter() - start:.1f} s")
         config = RunConfig(trace=str(path), model="llama-3-8b", gpu="h100-sxm")
         start = time.perf_counter()
         # As `kvsim run` does: events stream to disk, memory keeps event rows only.
         result = run(config, events_path=Path(tmp) / "events.parquet")
         print(
-            f"1M requests: total {time.perf_counter() - start:.1f} s, sim loop "
+            f"{num_requests:,} requests: total {time.perf_counter() - start:.1f} s, sim loop "
             f"{result.summary['wall_time_s']:.1f} s, steps {result.summary['num_steps']:,}, "
             f"finished {result.summary['num_finished']:,}; peak RSS {peak_rss_mib():,.0f} MiB "
             f"(target < 2048)"
@@ -99,9 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--million", action="store_true")
+    parser.add_argument(
+        "--requests", type=int, default=1_000_000, help="with --million: how many (default 1M)"
+    )
     args = parser.parse_args()
     if args.million:
-        bench_million()
+        bench_million(args.requests)
     else:
         bench_trace(args.repeats)
 

@@ -1,8 +1,10 @@
 """Where the KV slots go, step by step: token states, reservation, fragmentation, free.
 
-Computed after the run from the event stream (the single source of every metric), so the
-simulator pays nothing per step. Every slot of the pool is in exactly one class at each step's
-compute moment (docs/sweeps.md has the definitions):
+Computed from the event stream (the single source of every metric), so the simulator pays
+nothing per step: for paging chunk by chunk as the recorder packs events
+(``PagedUsageTracker``, so block events need not stay in memory), for contiguous allocators
+after the run. Every slot of the pool is in exactly one class at each step's compute moment
+(docs/sweeps.md has the definitions):
 
 - token states: slots holding K/V (``filled_slots``);
 - reservation: slots a sequence holds for its own tokens still to come (positions below its
@@ -16,12 +18,14 @@ compute moment (docs/sweeps.md has the definitions):
 
 With ``U`` = Σ over sequences holding memory of min(slots held, T): reservation = U - filled,
 internal = allocated - U. U changes only at ALLOCATE / APPEND_BLOCK / FREE events, so it is a
-cumulative sum over events (vectorised); external fragmentation replays the buddy allocator
-and the waiting queue from the events (one Python pass over request-level events).
+cumulative sum over events (vectorised, carrying each sequence's held blocks from chunk to
+chunk); external fragmentation replays the buddy allocator and the waiting queue from the
+events (one Python pass over request-level events).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,7 +34,9 @@ import pandas as pd
 from engine import EventKind
 from engine.buddy import BuddyAllocator, order_of
 from engine.contiguous import POLICIES, Policy, reservation_tokens
+from engine.events import Columns
 from kvsim.sim import SimResult
+from workloads import Request
 
 COLUMNS = (
     "filled_slots",
@@ -48,14 +54,12 @@ SUMMARY_FIELDS = (
 )
 
 
-def final_lengths(result: SimResult, max_model_len: int | None) -> np.ndarray:
-    """T per seq_id: prompt + the tokens it generates when it runs to its end."""
-    n = len(result.requests)
-    prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64, n)
-    output = np.fromiter((r.output_tokens for r in result.requests), np.int64, n)
+def final_length(request: Request, max_model_len: int | None) -> int:
+    """T: prompt + the tokens the request generates when it runs to its end (tokens)."""
+    output = request.output_tokens
     if max_model_len is not None:
-        output = np.minimum(output, np.maximum(max_model_len - prompt, 1))
-    return prompt + output
+        output = min(output, max(max_model_len - request.prompt_tokens, 1))
+    return request.prompt_tokens + output
 
 
 def region_sizes(result: SimResult, policy: Policy, max_model_len: int | None) -> np.ndarray:
@@ -71,42 +75,88 @@ def _step_event_index(kind: np.ndarray, num_steps: int) -> np.ndarray:
     return np.flatnonzero(kind == EventKind.STEP)[:num_steps]
 
 
-def _usable_paged(cols: dict[str, np.ndarray], t: np.ndarray, block_size: int) -> np.ndarray:
-    """Per event: the change of U (Σ min(blocks held x block_size, T)) it causes.
+class PagedUsageTracker:
+    """U (Σ over sequences of min(blocks held x block_size, T)) at every STEP event, built
+    chunk by chunk as the recorder packs events (``consume`` is an ``on_chunk`` callback).
 
-    Written to keep few arrays alive at once (a million-request run has ~15 M block events)."""
-    kind = cols["kind"]
-    ev = np.flatnonzero(np.isin(kind, (EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE)))
-    out = np.zeros(len(kind), dtype=np.int64)
-    n = len(ev)
-    if n == 0:
+    Carrying each sequence's held blocks from chunk to chunk means the block events need not
+    be kept until the run ends: a million-request run has ~15 M of them.
+    ``final_length_of(seq_id)`` gives T; it is asked once per sequence, when its first block
+    event arrives (the sequence has been submitted by then)."""
+
+    def __init__(self, block_size: int, final_length_of: Callable[[int], int]) -> None:
+        self.block_size = block_size
+        self._final_length_of = final_length_of
+        self._final = np.zeros(0, dtype=np.int64)  # T by seq_id
+        self._held = np.zeros(0, dtype=np.int64)  # blocks held by seq_id
+        self._num_known = 0  # seq ids whose T is in _final
+        self._usable_total = 0
+        self._at_steps: list[np.ndarray] = []
+
+    def _grow(self, num_seqs: int) -> None:
+        """Learn T of seq ids below ``num_seqs`` (arrays grow by doubling)."""
+        known = self._num_known
+        if num_seqs <= known:
+            return
+        if num_seqs > len(self._final):
+            size = max(num_seqs, 2 * len(self._final))
+            self._final = np.concatenate([self._final, np.zeros(size - len(self._final), "i8")])
+            self._held = np.concatenate([self._held, np.zeros(size - len(self._held), "i8")])
+        self._final[known:num_seqs] = [self._final_length_of(s) for s in range(known, num_seqs)]
+        self._num_known = num_seqs
+
+    def consume(self, cols: Columns, block_ids: np.ndarray | None = None) -> None:
+        """Account one chunk of events (in recording order)."""
+        kind = cols["kind"]
+        ev = np.flatnonzero(
+            np.isin(kind, (EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE))
+        )
+        change = np.zeros(len(kind), dtype=np.int64)
+        if len(ev):
+            change[ev] = self._usable_changes(cols, ev)
+        usable = np.cumsum(change)
+        usable += self._usable_total
+        if len(usable):
+            self._usable_total = int(usable[-1])
+        self._at_steps.append(usable[kind == EventKind.STEP])
+
+    def _usable_changes(self, cols: Columns, ev: np.ndarray) -> np.ndarray:
+        """Per block event ``ev``: the change of U it causes."""
+        seq = cols["seq_id"][ev].astype(np.int64)
+        self._grow(int(seq.max()) + 1)
+        n = len(ev)
+        # the events of each sequence together, in time order (stable sort by sequence)
+        order = np.argsort(seq, kind="stable")
+        seq_sorted = seq[order]
+        delta = cols["num_blocks"][ev].astype(np.int64)
+        delta = np.where(cols["kind"][ev] == EventKind.FREE, -delta, delta)[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = seq_sorted[1:] != seq_sorted[:-1]
+        last = np.ones(n, dtype=bool)
+        last[:-1] = first[1:]
+        # blocks held after each event: a cumulative sum per sequence from its carried count
+        cs = np.cumsum(delta)
+        group_start = np.flatnonzero(first)
+        group_base = (cs - delta)[first] - self._held[seq_sorted[first]]
+        cs -= np.repeat(group_base, np.diff(np.append(group_start, n)))
+        final = self._final[seq_sorted]
+        usable = np.minimum(cs * self.block_size, final)
+        before = np.empty_like(usable)
+        before[1:] = usable[:-1]
+        first_seqs = seq_sorted[first]
+        before[first] = np.minimum(self._held[first_seqs] * self.block_size, final[first])
+        self._held[seq_sorted[last]] = cs[last]
+        out = np.empty(n, dtype=np.int64)
+        out[order] = usable - before
         return out
-    # 1. the events of each sequence together, in time order (stable sort by sequence)
-    seq = cols["seq_id"][ev]
-    order = np.argsort(seq, kind="stable")
-    seq_sorted = seq[order]
-    del seq
-    delta = cols["num_blocks"][ev]
-    delta = np.where(kind[ev] == EventKind.FREE, -delta, delta)[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = seq_sorted[1:] != seq_sorted[:-1]
-    # 2. blocks each sequence holds after each of its events (cumulative sum per sequence)
-    cs = np.cumsum(delta, dtype=np.int64)
-    group_base = (cs - delta)[first]
-    del delta
-    group_len = np.diff(np.append(np.flatnonzero(first), n))
-    cs -= np.repeat(group_base, group_len)  # now: blocks held after the event
-    del group_base, group_len
-    # 3. its usable slots after the event, and the change from its previous event
-    usable = np.minimum(cs * block_size, t[seq_sorted])
-    del cs, seq_sorted
-    change = np.empty_like(usable)
-    change[0] = usable[0]
-    np.subtract(usable[1:], usable[:-1], out=change[1:])
-    change[first] = usable[first]
-    del usable, first
-    out[ev[order]] = change
-    return out
+
+    def usable_at_steps(self, num_steps: int) -> np.ndarray:
+        """U at each of the first ``num_steps`` STEP events."""
+        if not self._at_steps:
+            return np.zeros(0, dtype=np.int64)[:num_steps]
+        if len(self._at_steps) > 1:
+            self._at_steps = [np.concatenate(self._at_steps)]
+        return self._at_steps[0][:num_steps]
 
 
 def _usable_contiguous(cols: dict[str, np.ndarray], t: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -162,26 +212,41 @@ def _external_contiguous(
 
 
 def add_kv_breakdown(
-    steps: pd.DataFrame, result: SimResult, allocator: str, max_model_len: int | None
+    steps: pd.DataFrame,
+    result: SimResult,
+    allocator: str,
+    max_model_len: int | None,
+    paged_usage: PagedUsageTracker | None = None,
 ) -> pd.DataFrame:
     """Add ``reserved_slots``, ``internal_frag_slots``, ``external_frag_slots`` and
     ``free_slots`` to ``steps`` (in place; also returned). With ``filled_slots`` they sum to
-    the pool's slots at every step."""
-    cols, block_ids = result.recorder.columns()
+    the pool's slots at every step.
+
+    ``paged_usage``: a tracker that consumed every chunk of the run as it was recorded (the
+    recorder then need not keep block events); without it, paged runs replay the kept events.
+    """
     n = len(steps)
-    at = _step_event_index(cols["kind"], n)
-    t = final_lengths(result, max_model_len)
     total = result.num_blocks * result.block_size
     if allocator == "paged":
-        change = _usable_paged(cols, t, result.block_size)
+        if paged_usage is None:
+            paged_usage = PagedUsageTracker(
+                result.block_size, lambda s: final_length(result.requests[s], max_model_len)
+            )
+            paged_usage.consume(result.recorder.columns()[0])
+        usable = paged_usage.usable_at_steps(n)
         external = np.zeros(n, dtype=np.int64)
     elif allocator in POLICIES:
+        cols, block_ids = result.recorder.columns()
+        t = np.array([final_length(r, max_model_len) for r in result.requests], dtype=np.int64)
         sizes = region_sizes(result, allocator, max_model_len)
         change = _usable_contiguous(cols, t, sizes)
         external = _external_contiguous(cols, block_ids, sizes, total)[:n]
+        at = _step_event_index(cols["kind"], n)
+        usable = np.cumsum(change)[at] if n else np.zeros(0, dtype=np.int64)
     else:
         raise ValueError(f"unknown allocator {allocator!r}")
-    usable = np.cumsum(change)[at] if n else np.zeros(0, dtype=np.int64)
+    if len(usable) != n:
+        raise ValueError(f"KV usage known for {len(usable)} of {n} steps: events were lost")
     allocated = steps["allocated_slots"].to_numpy()
     filled = steps["filled_slots"].to_numpy()
     steps["reserved_slots"] = usable - filled

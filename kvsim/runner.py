@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from engine import Scheduler, SchedulerConfig
-from engine.events import Columns
+from engine.events import ChunkCallback, Columns
 from engine.fast_decode import FastDecodeScheduler
 from kvsim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.config import RunConfig
@@ -23,9 +23,9 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
-from kvsim.events_io import EventsParquetWriter
+from kvsim.events_io import METRIC_KINDS, EventsParquetWriter
 from kvsim.executor import CostModelExecutor, Executor
-from kvsim.kv_breakdown import add_kv_breakdown
+from kvsim.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
 from kvsim.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
 from kvsim.sim import Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
@@ -43,10 +43,6 @@ class RunResult:
     events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
     events_path: Path | None = None
     marks: pd.DataFrame | None = None  # PREEMPT and REJECT events, for the plots
-
-
-def _discard_chunk(cols: Columns, block_ids: np.ndarray) -> None:
-    """An events sink that keeps nothing (see ``run(keep_events=False)``)."""
 
 
 def load_workload(config: RunConfig) -> tuple[Path, Trace]:
@@ -161,20 +157,43 @@ def simulate(
         until=config.until,
     )
     writer = EventsParquetWriter(events_path) if events_path is not None else None
-    on_chunk = writer.write_chunk if writer is not None else None
-    if not keep_events:
-        on_chunk = _discard_chunk  # streamed nowhere: the recorder keeps only event rows
+    # Streamed to disk or not kept: memory holds event rows without their block ids, and for
+    # paging only the request-level kinds, because the KV breakdown is accounted chunk by chunk.
+    streamed = writer is not None or not keep_events
+    usage: PagedUsageTracker | None = None
+    sim: Simulation | None = None
+    if config.allocator == "paged":
+        usage = PagedUsageTracker(
+            config.block_size,
+            # seq ids index the submitted requests; the sim exists before any chunk is packed
+            lambda seq_id: final_length(sim.submitted[seq_id], max_model_len),  # type: ignore[union-attr]
+        )
+    consumers: list[ChunkCallback] = [c.consume for c in (usage,) if c is not None]
+    if writer is not None:
+        consumers.append(writer.write_chunk)
+
+    def on_chunk(cols: Columns, block_ids: np.ndarray) -> None:
+        for consume in consumers:
+            consume(cols, block_ids)
+
     sim = Simulation(
-        trace.requests, scheduler, executor, settings, prompt_tokens_of, on_events_chunk=on_chunk
+        trace.requests,
+        scheduler,
+        executor,
+        settings,
+        prompt_tokens_of,
+        on_events_chunk=on_chunk if (streamed or consumers) else None,
+        keep_block_ids=not streamed,
+        keep_kinds=METRIC_KINDS if streamed and usage is not None else None,
     )
     try:
         result = sim.run(progress)
     finally:
         if writer is not None:
             writer.close()
-    steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len)
+    steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len, usage)
     requests = requests_frame(result, steps)
-    events = events_frame(result) if on_chunk is None else None
+    events = events_frame(result) if not streamed else None
     summary = summarize(result, requests, steps)
     marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

@@ -19,7 +19,7 @@ import functools
 import operator
 import time
 from array import array
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ import numpy as np
 import simpy
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
-from engine.events import ChunkCallback
+from engine.events import ChunkCallback, EventKind
 from kvsim.executor import Executor
 from workloads import Request, closed_loop
 
@@ -72,12 +72,16 @@ class Simulation:
         prompt_tokens_of: Callable[[Request], Any] | None = None,
         *,
         on_events_chunk: ChunkCallback | None = None,
+        keep_block_ids: bool | None = None,
+        keep_kinds: Iterable[EventKind] | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
         ids (engine mode); without it prompts are ``range(prompt_tokens)``. With
         ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file)
-        and the recorder keeps event rows with their first block id only."""
+        and the recorder keeps event rows with their first block id only (``keep_block_ids``
+        overrides that), and only those of ``keep_kinds`` if given (what the chunk consumers
+        have already accounted for need not stay in memory)."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
@@ -85,8 +89,9 @@ class Simulation:
         self.recorder = EventRecorder(
             clock=functools.partial(operator.attrgetter("now"), self.env),
             on_chunk=on_events_chunk,
-            # Streamed: everything goes to disk; memory keeps rows but not block-id lists.
-            keep_block_ids=on_events_chunk is None,
+            # Streamed: everything goes to disk; by default memory keeps rows, not block ids.
+            keep_block_ids=on_events_chunk is None if keep_block_ids is None else keep_block_ids,
+            keep_kinds=keep_kinds,
         )
         scheduler.event_sink = self.recorder
         scheduler.block_manager.event_sink = self.recorder
@@ -107,6 +112,11 @@ class Simulation:
         self._durations = array("d")
         self._filled = array("q")
         self._running = array("q")
+
+    @property
+    def submitted(self) -> list[Request]:
+        """Requests submitted so far; a request's index is its seq_id."""
+        return self._submitted
 
     # --- the two callbacks the workload processes use ---------------------------------------
 
