@@ -205,7 +205,13 @@ class Simulation:
             durations.append(dt)
             filled.append(sched.num_cached_tokens + out.num_batched_tokens)
             running.append(sched.num_running)
-            yield env.timeout(dt)
+            end = env.now + dt  # what env.timeout(dt) would be scheduled at
+            if end < env.peek():
+                # Nothing else is due before the step ends, so firing a timeout would only
+                # move the clock: move it directly (a third of the loop's simpy cost).
+                env._now = end
+            else:
+                yield env.timeout(dt)
             for seq in sched.update(out, tokens):
                 self._finish(seq.seq_id)
             if progress is not None and len(durations) >= next_progress:

@@ -4,11 +4,13 @@ token accounting, rejections, determinism."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 from engine import blocks_needed
 from kvsim.config import RunConfig
@@ -225,6 +227,29 @@ def test_same_config_gives_identical_run_folders(options: dict, tmp_path: Path) 
     a, b = write_twice(RunConfig(trace=DEFAULT_TRACE_NAME, **options), tmp_path)
     assert_same_run(a, b)
     assert summary_without_wall_clock(a)["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"num_blocks": 400, "until": 90.0}, id="open-loop"),
+        pytest.param(
+            {"num_blocks": 400, "concurrency": 12, "think_time_s": 0.5, "seed": 5, "until": 90.0},
+            id="closed-loop",
+        ),
+    ],
+)
+def test_moving_the_clock_between_events_changes_nothing(
+    options: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine loop moves simpy's clock itself when no other event is due before a step
+    ends; a run that fires a timeout for every step must be byte-identical."""
+    config = RunConfig(trace=DEFAULT_TRACE_NAME, **options)
+    write_run(run(config), tmp_path / "moved", plots=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(simpy.Environment, "peek", lambda self: -math.inf)  # always yield
+        write_run(run(config), tmp_path / "fired", plots=False)
+    assert_same_run(tmp_path / "moved", tmp_path / "fired")
 
 
 def test_closed_loop_think_times_follow_the_seed() -> None:
