@@ -66,6 +66,7 @@ class FastDecodeScheduler(Scheduler):
             [] for _ in range(block_manager.block_size)
         ]
         self._fast_out: SchedulerOutput | None = None
+        self._plain_pending = False  # begin_plain_decode ran, end_plain_decode not yet
 
     # --- lazy state ---------------------------------------------------------------------------
 
@@ -123,12 +124,15 @@ class FastDecodeScheduler(Scheduler):
             self._sync(seq)
         return super().abort(seq_id)
 
-    def _schedule_decode(self) -> SchedulerOutput:
-        running = self._running
-        if not running:
-            return super()._schedule_decode()
-        bm = self.block_manager
-        bs = bm.block_size
+    def schedule(self) -> SchedulerOutput:
+        if self._plain_pending:
+            raise SchedulerError("a plain decode step is pending; call end_plain_decode()")
+        return super().schedule()
+
+    def _needing_blocks(self) -> list[Sequence]:
+        """Running sequences whose next decode token starts a new block (admission order);
+        drops the bucket's entries for sequences that left the batch."""
+        bs = self.block_manager.block_size
         d = self._decodes
         epoch = self._epoch
         bucket = self._buckets[-d % bs]
@@ -143,6 +147,15 @@ class FastDecodeScheduler(Scheduler):
             if seq.cached_token_count + d - state[1] >= len(seq.block_table) * bs:
                 needing.append(seq)
         bucket[:] = live
+        return needing
+
+    def _schedule_decode(self) -> SchedulerOutput:
+        running = self._running
+        if not running:
+            return super()._schedule_decode()
+        bm = self.block_manager
+        bs = bm.block_size
+        needing = self._needing_blocks()
         # As the plain Scheduler's decode loop, visiting only the sequences that need a
         # block (the others raise no event): preempt from the most recently admitted when
         # no block is free. Victims that were to be visited later are gone by then.
@@ -189,6 +202,10 @@ class FastDecodeScheduler(Scheduler):
             )
         self._pending = self._fast_out = None
         output._updated = True
+        return self._advance_decode()
+
+    def _advance_decode(self) -> list[Sequence]:
+        """Every running sequence gains its token; finish those at their length limit."""
         finished, self._finished_early = self._finished_early, []
         num_done_before = len(finished)
         running = self._running
@@ -209,3 +226,49 @@ class FastDecodeScheduler(Scheduler):
                 self._finish(seq, SequenceStatus.FINISHED_LENGTH, EventKind.FINISH)
             self._running = [s for s in running if s.status is RUNNING]
         return finished
+
+    # --- plain decode steps without output objects (the simulator's multi-step loop) -------
+
+    def next_plain_decode(self) -> list[Sequence] | None:
+        """If the next step is a plain decode step, the sequences that need a block in it;
+        else None (call ``schedule()``).
+
+        Plain: sequences are running, no step is pending, no waiting sequence can be admitted
+        (none waits, or the head is known not to fit), and the free blocks cover every append
+        (no preemption). A plain step changes no batch, so a caller can run it with
+        ``begin_plain_decode`` / ``end_plain_decode`` (the same events, counters and state as
+        ``schedule()`` / ``update()``) at a fraction of their cost."""
+        if self._pending is not None or self._plain_pending or not self._running:
+            return None
+        if self._waiting and not self._head_blocked():
+            return None
+        needing = self._needing_blocks()
+        if len(needing) > self.block_manager.get_num_free_blocks():
+            return None
+        return needing
+
+    def begin_plain_decode(self, needing: list[Sequence]) -> int:
+        """Schedule the plain decode step ``next_plain_decode()`` just described (its block
+        appends and STEP event); returns its batch size. Then ``end_plain_decode()``."""
+        if self._pending is not None or self._plain_pending:
+            raise SchedulerError("a step is pending; update it before starting another")
+        self.step += 1
+        sink = self.event_sink
+        if sink is not None:
+            sink.begin_step(self.step)
+        bm = self.block_manager
+        if needing:
+            bm.append_blocks(needing)
+        n = len(self._running)
+        if sink is not None:
+            sink.record_step(StepKind.DECODE, n, n, bm.get_num_free_blocks())
+        self._plain_pending = True
+        return n
+
+    def end_plain_decode(self) -> list[Sequence]:
+        """Update the step ``begin_plain_decode`` scheduled; returns the sequences it
+        finished (their blocks freed)."""
+        if not self._plain_pending:
+            raise SchedulerError("no plain decode step is pending")
+        self._plain_pending = False
+        return self._advance_decode()

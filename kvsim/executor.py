@@ -49,7 +49,7 @@ class CostModelExecutor:
         blocks = self.blocks_walked(out, scheduler)
         if out.kind is StepKind.DECODE:
             # Every running sequence decodes: its context is its cache plus this token.
-            return self.cost_model.step_time_of(n, n, 0, scheduler.num_cached_tokens + n, blocks)
+            return self.decode_step_time(n, scheduler.num_cached_tokens + n, blocks)
         pairs = 0
         for seq, new in zip(out.seqs, out.num_new_tokens):
             pairs += causal_pairs(new, seq.cached_token_count)

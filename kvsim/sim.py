@@ -28,6 +28,7 @@ import simpy
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.events import ChunkCallback, EventKind
+from engine.fast_decode import FastDecodeScheduler
 from kvsim.executor import Executor
 from workloads import Request, closed_loop
 
@@ -186,6 +187,9 @@ class Simulation:
         env, sched, executor = self.env, self.scheduler, self.executor
         durations, filled, running = self._durations, self._filled, self._running
         next_progress = PROGRESS_EVERY_STEPS
+        plain_decodes = hasattr(sched, "next_plain_decode") and hasattr(
+            executor, "decode_step_time"
+        )
         while True:
             if not sched.has_unfinished():
                 if self._all_submitted:
@@ -214,9 +218,42 @@ class Simulation:
                 yield env.timeout(dt)
             for seq in sched.update(out, tokens):
                 self._finish(seq.seq_id)
+            if plain_decodes:
+                self._run_plain_decodes()
             if progress is not None and len(durations) >= next_progress:
                 next_progress += PROGRESS_EVERY_STEPS
                 progress(env.now, self._num_done)
+
+    def _run_plain_decodes(self) -> None:
+        """Multi-step decoding: run decode steps back to back while each is plain (nothing
+        is admitted or preempted) and ends before any other event is due, moving the clock
+        step by step as their timeouts would. Every step keeps its own events, duration and
+        time stamp, identical to running them one simpy timeout at a time; what is saved is
+        the per-step cost of the general schedule / execute / update path."""
+        env, sched, bm = self.env, self.scheduler, self.block_manager
+        assert isinstance(sched, FastDecodeScheduler)
+        step_time = self.executor.decode_step_time  # type: ignore[attr-defined]
+        durations, filled, running = self._durations, self._filled, self._running
+        while True:
+            needing = sched.next_plain_decode()
+            if needing is None:
+                return
+            n = sched.num_running
+            context = sched.num_cached_tokens + n
+            dt = step_time(n, context, bm.num_used_blocks + len(needing))
+            end = env.now + dt
+            if not end < env.peek():
+                return  # the general path fires a timeout for this step
+            sched.begin_plain_decode(needing)
+            durations.append(dt)
+            filled.append(context)
+            running.append(n)
+            env._now = end
+            finished = sched.end_plain_decode()
+            if finished:
+                for seq in finished:
+                    self._finish(seq.seq_id)
+                return
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay the workload to its end (or ``settings.until``) and return the result."""
