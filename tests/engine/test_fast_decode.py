@@ -12,6 +12,7 @@ from engine import (
     SchedulerConfig,
     SchedulerError,
     Sequence,
+    StepKind,
 )
 from engine.fast_decode import FastDecodeScheduler
 
@@ -24,7 +25,9 @@ op = st.one_of(
 )
 
 
-def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark):
+def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark, plain=False):
+    """Run ``ops``; with ``plain`` every step that ``next_plain_decode`` calls plain goes
+    through begin_plain_decode / end_plain_decode instead of schedule / update."""
     recorder = EventRecorder()
     bm = BlockManager(num_blocks, block_size, watermark, event_sink=recorder)
     sched = scheduler_class(
@@ -46,6 +49,24 @@ def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark)
             trace.append(([s.seq_id for s in finished], sched.num_cached_tokens))
         else:
             for _ in range(a):
+                needing = sched.next_plain_decode() if plain else None
+                if needing is not None:
+                    batch = [s.seq_id for s in sched.running]
+                    n = sched.begin_plain_decode(needing)
+                    finished = sched.end_plain_decode()
+                    trace.append(
+                        (
+                            StepKind.DECODE,
+                            batch,
+                            n,
+                            [],
+                            [],
+                            [s.seq_id for s in finished],
+                            sched.num_cached_tokens,
+                            bm.num_used_blocks,
+                        )
+                    )
+                    continue
                 out = sched.schedule()
                 finished = sched.update(out, [0] * out.num_seqs)
                 trace.append(
@@ -80,12 +101,48 @@ def test_fast_decode_matches_the_plain_scheduler(
     ops, num_blocks, block_size, max_num_seqs, watermark
 ):
     plain = drive(Scheduler, ops, num_blocks, block_size, max_num_seqs, watermark)
-    fast = drive(FastDecodeScheduler, ops, num_blocks, block_size, max_num_seqs, watermark)
-    assert fast[0] == plain[0]
-    assert fast[1] == plain[1]
-    assert fast[2] == plain[2]
-    fast[3].block_manager.check_invariants()
-    assert fast[3].block_manager.get_num_free_blocks() == num_blocks
+    for use_plain_steps in (False, True):
+        fast = drive(
+            FastDecodeScheduler, ops, num_blocks, block_size, max_num_seqs, watermark,
+            plain=use_plain_steps,
+        )  # fmt: skip
+        assert fast[0] == plain[0]
+        assert fast[1] == plain[1]
+        assert fast[2] == plain[2]
+        fast[3].block_manager.check_invariants()
+        assert fast[3].block_manager.get_num_free_blocks() == num_blocks
+
+
+def test_plain_decode_steps_refuse_what_would_change_the_batch():
+    # 4 blocks of 4 slots; two 3-token prompts take a block each
+    _, _, _, sched = drive(FastDecodeScheduler, [], 4, 4, 8, 0.0)
+    assert sched.next_plain_decode() is None  # nothing running
+    for seq_id in (0, 1):
+        sched.add_request(Sequence(seq_id, range(3), SamplingParams(max_tokens=10)))
+    assert sched.next_plain_decode() is None  # a waiting sequence can be admitted
+    out = sched.schedule()
+    sched.update(out, [0] * out.num_seqs)
+    assert out.kind is StepKind.PREFILL and sched.num_running == 2
+
+    def plain_step() -> list[int]:
+        needing = sched.next_plain_decode()
+        assert needing is not None
+        sched.begin_plain_decode(needing)
+        with pytest.raises(SchedulerError):
+            sched.schedule()  # the plain step is pending
+        assert sched.end_plain_decode() == []
+        return [s.seq_id for s in needing]
+
+    assert plain_step() == []  # token 3 lands in each sequence's first block
+    assert plain_step() == [0, 1]  # token 4 starts a second block: the last 2 free ones
+    assert [plain_step() for _ in range(3)] == [[], [], []]
+    assert sched.block_manager.get_num_free_blocks() == 0
+    assert sched.next_plain_decode() is None  # token 8 needs blocks: preemption
+    out = sched.schedule()
+    assert [s.seq_id for s in out.preempted] == [1]
+    with pytest.raises(SchedulerError):
+        sched.end_plain_decode()  # nothing plain is pending
+    sched.update(out, [0] * out.num_seqs)
 
 
 def test_a_victim_preempted_for_an_earlier_sequence_gets_no_block():
