@@ -224,7 +224,7 @@ class FastDecodeScheduler(Scheduler):
         if len(finished) > num_done_before:
             for seq in finished[num_done_before:]:
                 self._finish(seq, SequenceStatus.FINISHED_LENGTH, EventKind.FINISH)
-            self._running = [s for s in running if s.status is RUNNING]
+            self._drop_finished(finished[num_done_before:])
         return finished
 
     # --- plain decode steps without output objects (the simulator's multi-step loop) -------
