@@ -1,9 +1,12 @@
-"""Decode attention: paged (K/V gathered through block tables) vs dense SDPA on contiguous K/V.
+"""Decode attention: paged (K/V read through block tables) vs dense SDPA on contiguous K/V.
 
-Both sides attend one query token per sequence to `--context` keys with the same shapes; the
+Every side attends one query token per sequence to `--context` keys with the same shapes; the
 dense side reads K/V stored contiguously as [batch, kv_heads, context, head_dim] (the best case
-for torch's SDPA), the paged side reads them from a pool of shuffled physical blocks.
-Prints the median time per call over several repeats and the ratio paged / dense (target <= 1.5).
+for torch's SDPA), the paged sides read them from a pool of shuffled physical blocks through
+both decode backends: "torch" (gather, then SDPA) and "cpu_kernel" (engine/cpu_decode.py's C
+kernel, the engine's choice on CPU in float32; skipped where it is unavailable).
+The sides are timed in turns, so machine noise hits them alike. Prints the median time per call
+and the ratios paged / dense (target <= 1.5 for the backend the engine uses).
 
     python benchmarks/bench_paged_attention.py [--device cuda] [--batch 32 --context 1024]
 """
@@ -18,25 +21,55 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.attention import GatherWorkspace, build_attention_metadata, decode_attention
+from engine.attention import (
+    AttentionMetadata,
+    DecodeBackend,
+    GatherWorkspace,
+    build_attention_metadata,
+    decode_attention,
+)
+from engine.cpu_decode import load_cpu_decode
 from engine.loader import resolve_dtype
 
 
-def _median_seconds(fn: Callable[[], object], device: str, repeats: int, iters: int) -> float:
-    """Median over `repeats` of the mean seconds per call of `iters` calls (after a warm-up)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
+def _median_seconds(
+    fns: dict[str, Callable[[], object]], device: str, repeats: int, iters: int
+) -> dict[str, float]:
+    """Per function, the median over `repeats` of the mean seconds per call of `iters` calls
+    (after a warm-up); each repeat times every function in turn."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(3):
             fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / iters)
-    return statistics.median(times)
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / iters)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _paged_pool(
+    k_dense: torch.Tensor, v_dense: torch.Tensor, block_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """The dense K/V [B, KVH, L, D] scattered over shuffled physical blocks: (K, V, tables)."""
+    batch, kv_heads, ctx, dim = k_dense.shape
+    blocks_per_seq = -(-ctx // block_size)
+    num_blocks = batch * blocks_per_seq
+    order = torch.randperm(num_blocks, generator=gen)
+    shape = (num_blocks, block_size, kv_heads, dim)
+    k_cache = torch.zeros(shape, dtype=k_dense.dtype, device=k_dense.device)
+    v_cache = torch.zeros_like(k_cache)
+    pad = blocks_per_seq * block_size - ctx
+    for cache, dense in ((k_cache, k_dense), (v_cache, v_dense)):
+        tokens = F.pad(dense.transpose(1, 2), (0, 0, 0, 0, 0, pad))  # [B, nb*bs, KVH, D]
+        cache[order.to(k_dense.device)] = tokens.reshape(shape)
+    return k_cache, v_cache, order.view(batch, blocks_per_seq).tolist()
 
 
 def main() -> None:
@@ -65,52 +98,52 @@ def main() -> None:
     v_dense = torch.randn(batch, kv_heads, ctx, dim, generator=gen).to(device, dtype)
     query = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
     q_dense = query.view(batch, kv_heads, heads // kv_heads, dim)
+    k_cache, v_cache, tables = _paged_pool(k_dense, v_dense, bs, gen)
 
-    # paged: the same K/V scattered over shuffled physical blocks
-    blocks_per_seq = -(-ctx // bs)
-    num_blocks = batch * blocks_per_seq
-    order = torch.randperm(num_blocks, generator=gen)
-    tables = order.view(batch, blocks_per_seq).tolist()
-    k_cache = torch.zeros(num_blocks, bs, kv_heads, dim, dtype=dtype, device=device)
-    v_cache = torch.zeros_like(k_cache)
-    pad = blocks_per_seq * bs - ctx
-    for cache, dense in ((k_cache, k_dense), (v_cache, v_dense)):
-        tokens = F.pad(dense.transpose(1, 2), (0, 0, 0, 0, 0, pad))  # [B, nb*bs, KVH, D]
-        cache[order.to(device)] = tokens.reshape(num_blocks, bs, kv_heads, dim)
-    meta = build_attention_metadata(
-        query_lens=[1] * batch,
-        context_lens=[ctx] * batch,
-        block_tables=tables,
-        slot_mapping=[t[(ctx - 1) // bs] * bs + (ctx - 1) % bs for t in tables],
-        block_size=bs,
-        device=device,
-        dtype=dtype,
-        workspace=GatherWorkspace(),  # as the engine does
-    )
+    def metadata(backend: DecodeBackend) -> AttentionMetadata:
+        return build_attention_metadata(
+            query_lens=[1] * batch,
+            context_lens=[ctx] * batch,
+            block_tables=tables,
+            slot_mapping=[t[(ctx - 1) // bs] * bs + (ctx - 1) % bs for t in tables],
+            block_size=bs,
+            device=device,
+            dtype=dtype,
+            workspace=GatherWorkspace(),  # as the engine does
+            decode_backend=backend,
+        )
 
+    metas = {"torch": metadata("torch"), "cpu_kernel": metadata("auto")}
+    if metas["cpu_kernel"].decode_backend != "cpu_kernel":
+        del metas["cpu_kernel"]
+    fns: dict[str, Callable[[], object]] = {
+        "dense": lambda: F.scaled_dot_product_attention(q_dense, k_dense, v_dense)
+    }
+    for name, meta in metas.items():
+        fns[name] = lambda meta=meta: decode_attention(query, k_cache, v_cache, meta)
     with torch.inference_mode():
         dense_out = F.scaled_dot_product_attention(q_dense, k_dense, v_dense)
-        paged_out = decode_attention(query, k_cache, v_cache, meta)
-        torch.testing.assert_close(paged_out, dense_out.reshape(batch, heads, dim))
-        dense_s = _median_seconds(
-            lambda: F.scaled_dot_product_attention(q_dense, k_dense, v_dense),
-            device,
-            args.repeats,
-            args.iters,
-        )
-        paged_s = _median_seconds(
-            lambda: decode_attention(query, k_cache, v_cache, meta),
-            device,
-            args.repeats,
-            args.iters,
-        )
+        for meta in metas.values():
+            paged_out = decode_attention(query, k_cache, v_cache, meta)
+            torch.testing.assert_close(paged_out, dense_out.reshape(batch, heads, dim))
+        seconds = _median_seconds(fns, device, args.repeats, args.iters)
+
     print(
         f"decode attention on {device} ({args.dtype}, threads={torch.get_num_threads()}): "
-        f"batch={batch} context={ctx} heads={heads} kv_heads={kv_heads} head_dim={dim}"
+        f"batch={batch} context={ctx} heads={heads} kv_heads={kv_heads} head_dim={dim} "
+        f"block_size={bs}; median of {args.repeats} x {args.iters} calls"
     )
-    print(f"  dense SDPA, contiguous K/V: {dense_s * 1e6:9.1f} us/call (median of {args.repeats})")
-    print(f"  paged, block_size={bs:<3}    : {paged_s * 1e6:9.1f} us/call")
-    print(f"  ratio paged / dense       : {paged_s / dense_s:9.2f}  (target <= 1.5)")
+    dense_s = seconds.pop("dense")
+    print(f"  dense SDPA, contiguous K/V : {dense_s * 1e6:9.1f} us/call")
+    for name, paged_s in seconds.items():
+        ratio = paged_s / dense_s
+        print(
+            f"  paged, {name:<10} backend : {paged_s * 1e6:9.1f} us/call  paged/dense {ratio:5.2f}"
+        )
+    if "cpu_kernel" not in metas and device == "cpu":
+        print(f"  (cpu_kernel unavailable: {load_cpu_decode().reason})")
+    engine_uses = "cpu_kernel" if "cpu_kernel" in metas else "torch"
+    print(f"  target: paged/dense <= 1.5 for the {engine_uses} backend (the engine's choice here)")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,17 @@ concatenated in batch order. Sequence b has query_len q_b new tokens at position
 [c_b, c_b + q_b) and reads context_len = c_b + q_b keys through its block table
 (entry i holds tokens [i*block_size, (i+1)*block_size)).
 
-- Decode (one new token per sequence) is vectorised over the batch: every sequence's K/V is
-  gathered through its block table into a padded [B, kv_heads, L, head_dim] view with one
-  index_select, and an additive mask hides each sequence's padding. A large ragged batch is
-  first sorted by context length and cut into at most 4 groups, each padded to its own longest
-  context (a loop over groups, never over sequences). The query heads of a GQA
-  group are folded into the query-row axis, so K/V are never copied per query head.
+- Decode (one new token per sequence) has two backends, chosen per step by
+  build_attention_metadata(decode_backend=...):
+  - "cpu_kernel" (the default on CPU in float32, when engine.cpu_decode could build it): a C
+    kernel reads K/V in place through the block tables, one thread per (sequence, kv head) at
+    a time, each over its own context length (no padding, no mask);
+  - "torch" (CUDA, half precision, no C compiler, or asked for): every sequence's K/V is
+    gathered through its block table into a padded [B, kv_heads, L, head_dim] view with one
+    index_select, and an additive mask hides each sequence's padding. A large ragged batch is
+    first sorted by context length and cut into at most 4 groups, each padded to its own
+    longest context (a loop over groups, never over sequences). The query heads of a GQA
+    group are folded into the query-row axis, so K/V are never copied per query head.
 - Prefill runs one fused SDPA call per sequence (the work is quadratic in its length, the loop
   is not the cost): causal on this step's K/V when nothing is cached, and bottom-right causal
   over the K/V gathered from the cache when the sequence resumes with cached tokens.
@@ -20,12 +25,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from engine.cpu_decode import CpuKernelUnavailableError, load_cpu_decode
 from engine.kv_cache import write_kv
+
+DecodeBackend = Literal["auto", "torch", "cpu_kernel"]
 
 
 class GatherWorkspace:
@@ -80,6 +89,8 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]  # per sequence: new tokens this step
     context_lens: tuple[int, ...]  # per sequence: cached + new tokens (keys it reads)
     workspace: GatherWorkspace | None = None  # scratch for decode gathers
+    decode_backend: Literal["torch", "cpu_kernel"] = "torch"  # prefill steps: always "torch"
+    context_lens_tensor: torch.Tensor | None = None  # [B] int64 (CPU), cpu_kernel only
 
 
 def build_attention_metadata(
@@ -92,10 +103,13 @@ def build_attention_metadata(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     workspace: GatherWorkspace | None = None,
+    decode_backend: DecodeBackend = "auto",
 ) -> AttentionMetadata:
     """Index tensors for one step; lists are per sequence in batch order (counts in tokens).
 
-    The decode mask is additive and in the model's `dtype`, so SDPA uses it as is.
+    `decode_backend` (decode steps only): "auto" picks "cpu_kernel" for float32 on CPU when
+    the kernel is available, else "torch"; naming a backend forces it. The torch path's decode
+    mask is additive and in the model's `dtype`, so SDPA uses it as is.
     """
     if not (len(query_lens) == len(context_lens) == len(block_tables)) or not query_lens:
         raise ValueError(
@@ -114,7 +128,11 @@ def build_attention_metadata(
         raise ValueError(f"a block table is shorter than its context of {context_lens} tokens")
     tables = [t[:n] for t, n in zip(block_tables, needed)]
     groups: tuple[DecodeGroup, ...] = ()
-    if is_decode:
+    backend = resolve_decode_backend(decode_backend, device, dtype) if is_decode else "torch"
+    lens_tensor = None
+    if backend == "cpu_kernel":
+        lens_tensor = torch.tensor(context_lens, dtype=torch.int64)
+    elif is_decode:
         groups = tuple(
             _decode_group(rows, tables, context_lens, batch_order, device, dtype)
             for rows, batch_order in _split_by_length(context_lens)
@@ -127,7 +145,29 @@ def build_attention_metadata(
         query_lens=tuple(query_lens),
         context_lens=tuple(context_lens),
         workspace=workspace,
+        decode_backend=backend,
+        context_lens_tensor=lens_tensor,
     )
+
+
+def resolve_decode_backend(
+    requested: DecodeBackend, device: torch.device | str, dtype: torch.dtype
+) -> Literal["torch", "cpu_kernel"]:
+    """The decode backend for tensors of `dtype` on `device`; "cpu_kernel" only for float32 on
+    CPU, and only if the kernel could be built (load_cpu_decode().reason says why not)."""
+    if requested == "torch":
+        return "torch"
+    if requested not in ("auto", "cpu_kernel"):
+        raise ValueError(f"decode_backend={requested!r}: expected 'auto', 'torch' or 'cpu_kernel'")
+    fits = torch.device(device).type == "cpu" and dtype == torch.float32
+    if requested == "auto":
+        return "cpu_kernel" if fits and load_cpu_decode().kernel is not None else "torch"
+    if not fits:
+        raise ValueError(f"decode_backend='cpu_kernel' is float32 on CPU, not {dtype} on {device}")
+    reason = load_cpu_decode().reason
+    if reason is not None:
+        raise CpuKernelUnavailableError(f"decode_backend='cpu_kernel': {reason}")
+    return "cpu_kernel"
 
 
 def _padded_tensor(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:
@@ -208,6 +248,8 @@ def decode_attention(
     meta: AttentionMetadata,
 ) -> torch.Tensor:
     """query [B, H, D] (one token per sequence, K/V already cached) -> [B, H, D]."""
+    if meta.decode_backend == "cpu_kernel":
+        return _kernel_decode(query, key_cache, value_cache, meta)
     batch, heads, head_dim = query.shape
     kv_heads = key_cache.shape[2]
     q = query.view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, KVH, G, D]
@@ -222,6 +264,22 @@ def decode_attention(
             o = _decode_group_attention(q_group, key_cache, value_cache, group, meta.workspace)
             out.index_copy_(0, group.index, o)
     return out.reshape(batch, heads, head_dim)
+
+
+def _kernel_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """Decode through engine.cpu_decode's kernel (inference only: it has no backward)."""
+    kernel = load_cpu_decode().kernel
+    assert kernel is not None and meta.context_lens_tensor is not None  # checked when built
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key_cache, value_cache)):
+        raise ValueError("the CPU decode kernel has no backward: use decode_backend='torch'")
+    return kernel.paged_decode(
+        query.contiguous(), key_cache, value_cache, meta.block_tables, meta.context_lens_tensor
+    )
 
 
 def _decode_group_attention(

@@ -1,5 +1,7 @@
 """PagedAttention against a slow, loop-based dense reference.
 
+Decode checks run on both backends: "torch" and "auto" (the C kernel on CPU where it builds,
+torch on CUDA); tests/engine/test_cpu_decode.py covers the kernel itself.
 Set KVSIM_TEST_DEVICE=cuda to run the same checks on a GPU.
 """
 
@@ -11,11 +13,12 @@ import os
 import pytest
 import torch
 
-from engine.attention import build_attention_metadata, paged_attention
+from engine.attention import DecodeBackend, build_attention_metadata, paged_attention
 from engine.kv_cache import KVCache, bytes_per_block, write_kv
 
 DEVICE = os.environ.get("KVSIM_TEST_DEVICE", "cpu")
 HEADS, HEAD_DIM = 8, 16
+DECODE_BACKENDS: list[DecodeBackend] = ["torch", "auto"]
 
 
 def _reference(
@@ -49,7 +52,12 @@ def _reference(
 
 
 def _case(
-    block_size: int, group: int, query_lens: list[int], cached: list[int], seed: int
+    block_size: int,
+    group: int,
+    query_lens: list[int],
+    cached: list[int],
+    seed: int,
+    decode_backend: DecodeBackend = "auto",
 ) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     kv_heads = HEADS // group
@@ -80,6 +88,7 @@ def _case(
         slot_mapping=slots,
         block_size=block_size,
         device=DEVICE,
+        decode_backend=decode_backend,
     )
     out = paged_attention(query, key, value, key_cache, value_cache, meta)
     expected = _reference(query, key_cache, value_cache, query_lens, context_lens, tables)
@@ -90,10 +99,16 @@ BLOCK_SIZES = [1, 2, 3, 16, 256]
 GROUPS = [1, 2, 4, 8]
 
 
+@pytest.mark.parametrize("backend", DECODE_BACKENDS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("group", GROUPS)
-def test_decode_matches_reference_over_ragged_contexts(block_size: int, group: int) -> None:
-    out, expected = _case(block_size, group, [1, 1, 1, 1, 1], [0, 6, 17, 33, 2], seed=block_size)
+def test_decode_matches_reference_over_ragged_contexts(
+    block_size: int, group: int, backend: DecodeBackend
+) -> None:
+    cached = [0, 6, 17, 33, 2]
+    out, expected = _case(
+        block_size, group, [1] * 5, cached, seed=block_size, decode_backend=backend
+    )
     torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -112,10 +127,13 @@ def test_prefill_with_cached_prefix_attends_to_it(block_size: int, group: int) -
     torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", DECODE_BACKENDS)
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_large_ragged_decode_batch_split_by_length_matches_reference(block_size: int) -> None:
+def test_large_ragged_decode_batch_split_by_length_matches_reference(
+    block_size: int, backend: DecodeBackend
+) -> None:
     cached = [(7 * i * i) % 90 for i in range(40)]  # contexts 1..90 in no particular order
-    out, expected = _case(block_size, 4, [1] * 40, cached, seed=11)
+    out, expected = _case(block_size, 4, [1] * 40, cached, seed=11, decode_backend=backend)
     torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -128,6 +146,7 @@ def test_decode_groups_cut_padding_only_when_worth_it() -> None:
             block_tables=tables,
             slot_mapping=[0] * len(context_lens),
             block_size=1,
+            decode_backend="torch",  # the kernel needs no groups
         )
         return [
             list(range(len(context_lens))) if g.index is None else g.index.tolist()
@@ -145,7 +164,8 @@ def test_decode_groups_cut_padding_only_when_worth_it() -> None:
     assert groups(ragged[:15]) == [list(range(15))]  # too few sequences to split
 
 
-def test_decode_ignores_slots_beyond_context_and_unowned_blocks() -> None:
+@pytest.mark.parametrize("backend", DECODE_BACKENDS)
+def test_decode_ignores_slots_beyond_context_and_unowned_blocks(backend: DecodeBackend) -> None:
     gen = torch.Generator().manual_seed(3)
     key_cache = torch.randn(8, 4, 2, HEAD_DIM, generator=gen).to(DEVICE)
     value_cache = torch.randn(8, 4, 2, HEAD_DIM, generator=gen).to(DEVICE)
@@ -158,6 +178,7 @@ def test_decode_ignores_slots_beyond_context_and_unowned_blocks() -> None:
         slot_mapping=[1 * 4 + 1, 4 * 4 + 0],
         block_size=4,
         device=DEVICE,
+        decode_backend=backend,
     )
     first = paged_attention(query, key, key, key_cache, value_cache, meta)
     # scribble over what no sequence may read: slots past each context and unowned blocks
