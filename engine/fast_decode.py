@@ -229,45 +229,40 @@ class FastDecodeScheduler(Scheduler):
 
     # --- plain decode steps without output objects (the simulator's multi-step loop) -------
 
-    def next_plain_decode(self) -> list[Sequence] | None:
-        """If the next step is a plain decode step, the sequences that need a block in it;
-        else None (call ``schedule()``).
+    def begin_plain_decode(self) -> int:
+        """Schedule the next step if it is a plain decode step, and return its batch size;
+        else do nothing and return 0 (call ``schedule()``). Follow with ``end_plain_decode()``.
 
-        Plain: sequences are running, no step is pending, no waiting sequence can be admitted
-        (none waits, or the head is known not to fit), and the free blocks cover every append
-        (no preemption). A plain step changes no batch, so a caller can run it with
-        ``begin_plain_decode`` / ``end_plain_decode`` (the same events, counters and state as
-        ``schedule()`` / ``update()``) at a fraction of their cost."""
-        if self._pending is not None or self._plain_pending or not self._running:
-            return None
-        if self._waiting and not self._head_blocked():
-            return None
-        needing = self._needing_blocks()
-        if len(needing) > self.block_manager.get_num_free_blocks():
-            return None
-        return needing
-
-    def begin_plain_decode(self, needing: list[Sequence]) -> int:
-        """Schedule the plain decode step ``next_plain_decode()`` just described (its block
-        appends and STEP event); returns its batch size. Then ``end_plain_decode()``."""
+        Plain: sequences are running, no waiting sequence can be admitted (none waits, or the
+        head is known not to fit) and the free blocks cover every append (no preemption). Such
+        a step changes no batch, so it needs no output object: its block appends, STEP event,
+        counters and finishes are exactly those ``schedule()`` / ``update()`` would make, at a
+        fraction of their cost (multi-step decoding in the simulator)."""
         if self._pending is not None or self._plain_pending:
             raise SchedulerError("a step is pending; update it before starting another")
+        running = self._running
+        if not running or (self._waiting and not self._head_blocked()):
+            return 0
+        needing = self._needing_blocks()
+        bm = self.block_manager
+        if len(needing) > bm.get_num_free_blocks():
+            return 0
         self.step += 1
         sink = self.event_sink
         if sink is not None:
             sink.begin_step(self.step)
-        bm = self.block_manager
         if needing:
             bm.append_blocks(needing)
-        n = len(self._running)
+        n = len(running)
         if sink is not None:
             sink.record_step(StepKind.DECODE, n, n, bm.get_num_free_blocks())
         self._plain_pending = True
         return n
 
     def end_plain_decode(self) -> list[Sequence]:
-        """Update the step ``begin_plain_decode`` scheduled; returns the sequences it
-        finished (their blocks freed)."""
+        """Update the step ``begin_plain_decode`` scheduled (sequences aborted meanwhile
+        are skipped, as ``update()`` does); returns the sequences it finished (their blocks
+        freed)."""
         if not self._plain_pending:
             raise SchedulerError("no plain decode step is pending")
         self._plain_pending = False

@@ -113,6 +113,7 @@ class Simulation:
         self._durations = array("d")
         self._filled = array("q")
         self._running = array("q")
+        self._next_progress = PROGRESS_EVERY_STEPS
 
     @property
     def submitted(self) -> list[Request]:
@@ -186,8 +187,7 @@ class Simulation:
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, sched, executor = self.env, self.scheduler, self.executor
         durations, filled, running = self._durations, self._filled, self._running
-        next_progress = PROGRESS_EVERY_STEPS
-        plain_decodes = hasattr(sched, "next_plain_decode") and hasattr(
+        plain_decodes = hasattr(sched, "begin_plain_decode") and hasattr(
             executor, "decode_step_time"
         )
         while True:
@@ -197,6 +197,10 @@ class Simulation:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            if plain_decodes:
+                yield from self._plain_decodes(progress)
+                if not sched.has_unfinished():
+                    continue
             out = sched.schedule()
             if out.is_empty:
                 for seq in sched.update(out, []):
@@ -209,51 +213,51 @@ class Simulation:
             durations.append(dt)
             filled.append(sched.num_cached_tokens + out.num_batched_tokens)
             running.append(sched.num_running)
-            end = env.now + dt  # what env.timeout(dt) would be scheduled at
-            if end < env.peek():
-                # Nothing else is due before the step ends, so firing a timeout would only
-                # move the clock: move it directly (a third of the loop's simpy cost).
-                env._now = end
-            else:
-                yield env.timeout(dt)
+            yield from self._advance_clock(dt)
             for seq in sched.update(out, tokens):
                 self._finish(seq.seq_id)
-            if plain_decodes:
-                self._run_plain_decodes()
-            if progress is not None and len(durations) >= next_progress:
-                next_progress += PROGRESS_EVERY_STEPS
-                progress(env.now, self._num_done)
+            self._report(progress)
 
-    def _run_plain_decodes(self) -> None:
-        """Multi-step decoding: run decode steps back to back while each is plain (nothing
-        is admitted or preempted) and ends before any other event is due, moving the clock
-        step by step as their timeouts would. Every step keeps its own events, duration and
-        time stamp, identical to running them one simpy timeout at a time; what is saved is
-        the per-step cost of the general schedule / execute / update path."""
+    def _advance_clock(self, dt: float) -> Generator[simpy.Event, Any, None]:
+        """Let a step of ``dt`` seconds run: a simpy timeout, or, when nothing else is due
+        before it ends, a direct move of the clock (a timeout would only move the clock,
+        at a third of the loop's simpy cost)."""
+        env = self.env
+        end = env.now + dt  # what env.timeout(dt) would be scheduled at
+        if end < env.peek():
+            env._now = end
+        else:
+            yield env.timeout(dt)
+
+    def _plain_decodes(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
+        """Multi-step decoding: run decode steps back to back while each is plain (nothing is
+        admitted or preempted; arrivals and finishes may happen between them), without output
+        objects or the general schedule / execute / update path. Every step keeps its own
+        events, duration and time stamp, identical to running it the general way."""
         env, sched, bm = self.env, self.scheduler, self.block_manager
         assert isinstance(sched, FastDecodeScheduler)
         step_time = self.executor.decode_step_time  # type: ignore[attr-defined]
         durations, filled, running = self._durations, self._filled, self._running
-        while True:
-            needing = sched.next_plain_decode()
-            if needing is None:
-                return
-            n = sched.num_running
+        while n := sched.begin_plain_decode():
             context = sched.num_cached_tokens + n
-            dt = step_time(n, context, bm.num_used_blocks + len(needing))
-            end = env.now + dt
-            if not end < env.peek():
-                return  # the general path fires a timeout for this step
-            sched.begin_plain_decode(needing)
+            dt = step_time(n, context, bm.num_used_blocks)
             durations.append(dt)
             filled.append(context)
             running.append(n)
-            env._now = end
-            finished = sched.end_plain_decode()
-            if finished:
-                for seq in finished:
-                    self._finish(seq.seq_id)
-                return
+            end = env.now + dt  # _advance_clock, inlined: this is the simulator's hottest loop
+            if end < env.peek():
+                env._now = end
+            else:
+                yield env.timeout(dt)
+            for seq in sched.end_plain_decode():
+                self._finish(seq.seq_id)
+            if progress is not None:
+                self._report(progress)
+
+    def _report(self, progress: Progress | None) -> None:
+        if progress is not None and len(self._durations) >= self._next_progress:
+            self._next_progress += PROGRESS_EVERY_STEPS
+            progress(self.env.now, self._num_done)
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay the workload to its end (or ``settings.until``) and return the result."""

@@ -43,16 +43,19 @@ def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark,
         elif kind == "abort":
             trace.append(("abort", a, sched.abort(a)))
         elif kind == "abort_mid_step":
-            out = sched.schedule()
-            trace.append(("abort", a, sched.abort(a)))
-            finished = sched.update(out, [0] * out.num_seqs)
+            if plain and sched.begin_plain_decode():
+                trace.append(("abort", a, sched.abort(a)))
+                finished = sched.end_plain_decode()
+            else:
+                out = sched.schedule()
+                trace.append(("abort", a, sched.abort(a)))
+                finished = sched.update(out, [0] * out.num_seqs)
             trace.append(([s.seq_id for s in finished], sched.num_cached_tokens))
         else:
             for _ in range(a):
-                needing = sched.next_plain_decode() if plain else None
-                if needing is not None:
-                    batch = [s.seq_id for s in sched.running]
-                    n = sched.begin_plain_decode(needing)
+                batch = [s.seq_id for s in sched.running]
+                n = sched.begin_plain_decode() if plain else 0
+                if n:
                     finished = sched.end_plain_decode()
                     trace.append(
                         (
@@ -116,28 +119,33 @@ def test_fast_decode_matches_the_plain_scheduler(
 def test_plain_decode_steps_refuse_what_would_change_the_batch():
     # 4 blocks of 4 slots; two 3-token prompts take a block each
     _, _, _, sched = drive(FastDecodeScheduler, [], 4, 4, 8, 0.0)
-    assert sched.next_plain_decode() is None  # nothing running
+    bm = sched.block_manager
+    assert sched.begin_plain_decode() == 0  # nothing running
     for seq_id in (0, 1):
         sched.add_request(Sequence(seq_id, range(3), SamplingParams(max_tokens=10)))
-    assert sched.next_plain_decode() is None  # a waiting sequence can be admitted
+    assert sched.begin_plain_decode() == 0  # a waiting sequence can be admitted
     out = sched.schedule()
     sched.update(out, [0] * out.num_seqs)
     assert out.kind is StepKind.PREFILL and sched.num_running == 2
 
-    def plain_step() -> list[int]:
-        needing = sched.next_plain_decode()
-        assert needing is not None
-        sched.begin_plain_decode(needing)
+    def plain_step() -> int:
+        """Run one plain step; the blocks it appended."""
+        used = bm.num_used_blocks
+        assert sched.begin_plain_decode() == 2
         with pytest.raises(SchedulerError):
             sched.schedule()  # the plain step is pending
+        with pytest.raises(SchedulerError):
+            sched.begin_plain_decode()
         assert sched.end_plain_decode() == []
-        return [s.seq_id for s in needing]
+        return bm.num_used_blocks - used
 
-    assert plain_step() == []  # token 3 lands in each sequence's first block
-    assert plain_step() == [0, 1]  # token 4 starts a second block: the last 2 free ones
-    assert [plain_step() for _ in range(3)] == [[], [], []]
-    assert sched.block_manager.get_num_free_blocks() == 0
-    assert sched.next_plain_decode() is None  # token 8 needs blocks: preemption
+    assert plain_step() == 0  # token 3 lands in each sequence's first block
+    assert plain_step() == 2  # token 4 starts a second block: the last 2 free ones
+    assert [plain_step() for _ in range(3)] == [0, 0, 0]
+    assert bm.get_num_free_blocks() == 0
+    step = sched.step
+    assert sched.begin_plain_decode() == 0  # token 8 needs blocks: preemption
+    assert sched.step == step  # nothing was scheduled
     out = sched.schedule()
     assert [s.seq_id for s in out.preempted] == [1]
     with pytest.raises(SchedulerError):
