@@ -15,11 +15,13 @@ is identical to the plain Scheduler's (tests check this).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import operator
 import time
 from array import array
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,22 @@ class SimResult:
     step_num_running: np.ndarray
     sim_end_s: float
     wall_time_s: float
+
+
+@contextlib.contextmanager
+def fewer_gc_passes(gen0_threshold: int = 100_000) -> Iterator[None]:
+    """Run the block with the cyclic garbage collector's first threshold raised.
+
+    The engine loop allocates millions of small, acyclic, short-lived objects (event tuples,
+    block lists); at Python's default threshold of 700 the collector scans the young ones
+    thousands of times per run, 10-20% of the loop. Cycles are still collected, only in
+    fewer passes; the previous thresholds are restored on exit."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(gen0_threshold, thresholds[0]), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 class Simulation:
@@ -269,7 +287,8 @@ class Simulation:
         stop: simpy.Event = engine
         if self.settings.until is not None:
             stop = env.any_of([engine, env.timeout(self.settings.until)])
-        env.run(until=stop)
+        with fewer_gc_passes():
+            env.run(until=stop)
         wall = time.perf_counter() - start
         if progress is not None:
             progress(env.now, self._num_done)

@@ -1,0 +1,89 @@
+"""EventRecorder: whatever the chunking, the packed columns are the events in recording order
+(an APPEND run expanded into one event per block, one step row per STEP event)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import EventKind, EventRecorder, StepKind
+
+# ("event", seq_id, num_blocks) | ("appends", run length) | ("step", num_seqs)
+action = st.one_of(
+    st.tuples(st.just("event"), st.integers(0, 9), st.integers(0, 3)),
+    st.tuples(st.just("appends"), st.integers(1, 6), st.just(0)),
+    st.tuples(st.just("step"), st.integers(1, 9), st.just(0)),
+)
+
+
+def replay(actions: list[tuple[str, int, int]], chunk_size: int) -> tuple[EventRecorder, list]:
+    """Record ``actions``; also return the events as plain tuples, written out one by one."""
+    time = [0.0]
+    recorder = EventRecorder(clock=lambda: time[0], chunk_size=chunk_size)
+    expected: list[tuple] = []  # (time, step, kind, seq_id, free, tokens, blocks, block ids)
+    next_block = 0
+    for i, (what, a, b) in enumerate(actions):
+        time[0] = 0.5 * i
+        recorder.begin_step(i // 3)
+        free = 100 - i
+        if what == "event":
+            ids = list(range(next_block, next_block + b))
+            next_block += b
+            recorder.record(EventKind.ALLOCATE, a, free, ids, 7)
+            expected.append((time[0], i // 3, EventKind.ALLOCATE, a, free, 7, b, ids))
+        elif what == "appends":
+            seqs = [10 + k for k in range(a)]
+            ids = list(range(next_block, next_block + a))
+            next_block += a
+            recorder.record_appends(seqs, ids, free)
+            expected += [
+                (time[0], i // 3, EventKind.APPEND_BLOCK, s, free - k, 1, 1, [blk])
+                for k, (s, blk) in enumerate(zip(seqs, ids))
+            ]
+        else:
+            recorder.record_step(StepKind.DECODE, a, 2 * a, free)
+            expected.append((time[0], i // 3, EventKind.STEP, -1, free, 2 * a, 0, []))
+    return recorder, expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(actions=st.lists(action, max_size=30), chunk_size=st.integers(1, 8))
+def test_columns_are_the_events_in_order_whatever_the_chunking(
+    actions: list[tuple[str, int, int]], chunk_size: int
+) -> None:
+    recorder, expected = replay(actions, chunk_size)
+    assert len(recorder) == len(expected)
+    cols, block_ids = recorder.columns()
+    got = list(
+        zip(
+            cols["time_s"].tolist(),
+            cols["step"].tolist(),
+            cols["kind"].tolist(),
+            cols["seq_id"].tolist(),
+            cols["free_blocks"].tolist(),
+            cols["num_tokens"].tolist(),
+            cols["num_blocks"].tolist(),
+        )
+    )
+    assert got == [e[:7] for e in expected]
+    assert block_ids.tolist() == [b for e in expected for b in e[7]]
+    steps = recorder.step_columns()
+    step_events = [e for e in expected if e[2] == EventKind.STEP]
+    assert steps["time_s"].tolist() == [e[0] for e in step_events]
+    assert steps["step"].tolist() == [e[1] for e in step_events]
+    assert steps["num_batched_tokens"].tolist() == [e[5] for e in step_events]
+    assert steps["num_seqs"].tolist() == [e[5] // 2 for e in step_events]
+    assert steps["free_blocks"].tolist() == [e[4] for e in step_events]
+    assert (steps["kind"] == StepKind.DECODE).all()
+
+
+def test_chunks_handed_out_carry_expanded_appends() -> None:
+    chunks: list[dict[str, np.ndarray]] = []
+    recorder = EventRecorder(chunk_size=2, on_chunk=lambda cols, ids: chunks.append(cols))
+    recorder.record_appends([4, 5, 6], [7, 8, 9], 20)
+    recorder.record_step(StepKind.DECODE, 3, 3, 17)
+    recorder.flush()
+    assert [c["kind"].tolist() for c in chunks] == [[4, 4, 4, 10]]
+    assert chunks[0]["free_blocks"].tolist() == [20, 19, 18, 17]
+    assert len(recorder) == 4
