@@ -261,3 +261,17 @@ def test_closed_loop_think_times_follow_the_seed() -> None:
 
     assert arrivals(1) == arrivals(1)
     assert arrivals(1) != arrivals(2)
+
+
+def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+
+    from kvsim.sim import fewer_gc_passes
+
+    before = gc.get_threshold()
+    run(RunConfig(trace=DEFAULT_TRACE_NAME, until=5.0))
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), fewer_gc_passes():
+        assert gc.get_threshold()[0] >= 100_000
+        raise RuntimeError("a failing run")
+    assert gc.get_threshold() == before
