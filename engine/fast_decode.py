@@ -67,6 +67,9 @@ class FastDecodeScheduler(Scheduler):
         ]
         self._fast_out: SchedulerOutput | None = None
         self._plain_pending = False  # begin_plain_decode ran, end_plain_decode not yet
+        # The waiting head last found unable to fit. Plain steps only take blocks and keep
+        # every seat, so it stays unable until a sequence leaves or a general step runs.
+        self._blocked_head: Sequence | None = None
 
     # --- lazy state ---------------------------------------------------------------------------
 
@@ -105,7 +108,9 @@ class FastDecodeScheduler(Scheduler):
         super().add_request(seq)
 
     def _leave(self, seq: Sequence) -> None:
-        """``seq`` stops running: make its state exact, then stop tracking it."""
+        """``seq`` stops running or waiting: make its state exact, then stop tracking it
+        (blocks or a seat may be free now)."""
+        self._blocked_head = None
         if seq.seq_id in self._epoch:
             self._sync(seq)
             del self._epoch[seq.seq_id]
@@ -127,6 +132,7 @@ class FastDecodeScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         if self._plain_pending:
             raise SchedulerError("a plain decode step is pending; call end_plain_decode()")
+        self._blocked_head = None
         return super().schedule()
 
     def _needing_blocks(self) -> list[Sequence]:
@@ -240,9 +246,13 @@ class FastDecodeScheduler(Scheduler):
         fraction of their cost (multi-step decoding in the simulator)."""
         if self._pending is not None or self._plain_pending:
             raise SchedulerError("a step is pending; update it before starting another")
-        running = self._running
-        if not running or (self._waiting and not self._head_blocked()):
+        running, waiting = self._running, self._waiting
+        if not running:
             return 0
+        if waiting and waiting[0] is not self._blocked_head:
+            if not self._head_blocked():
+                return 0
+            self._blocked_head = waiting[0]
         needing = self._needing_blocks()
         bm = self.block_manager
         if len(needing) > bm.get_num_free_blocks():
