@@ -7,6 +7,8 @@ the simulation runs and keeps only the kinds the metrics need (``METRIC_KINDS``)
 
 from __future__ import annotations
 
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -53,24 +55,63 @@ def exploded_frame(cols: Columns, block_ids: np.ndarray) -> pd.DataFrame:
     )
 
 
+class EventsWriteError(RuntimeError):
+    """Writing events.parquet failed (the cause is chained)."""
+
+
 class EventsParquetWriter:
     """Receives the recorder's chunks (``EventRecorder(on_chunk=writer.write_chunk)``) and
-    appends them to one Parquet file, a row group per chunk."""
+    appends them to one Parquet file, a row group per chunk, in order.
 
-    def __init__(self, path: Path) -> None:
+    The exploding and Parquet encoding run on a background thread (pyarrow encodes without
+    the GIL), so on a machine with a spare core the simulation does not wait for them; at
+    most ``max_pending`` chunks wait in between, which bounds memory. A failure on that
+    thread is raised by the next ``write_chunk`` or by ``close``, never dropped."""
+
+    def __init__(self, path: Path, max_pending: int = 2) -> None:
         self.path = Path(path)
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
+        self._pending: queue.Queue[tuple[Columns, np.ndarray] | None] = queue.Queue(max_pending)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._drain, name="kvsim-events-parquet", daemon=True
+        )
+        self._thread.start()
 
     def write_chunk(self, cols: Columns, block_ids: np.ndarray) -> None:
+        self._raise_if_failed()
+        # a shallow copy: the recorder may add columns to its own dict afterwards
+        self._pending.put((dict(cols), block_ids))
+
+    def _drain(self) -> None:
+        while (item := self._pending.get()) is not None:
+            if self._error is None:
+                try:
+                    self._write(*item)
+                except BaseException as error:  # re-raised on the caller's thread
+                    self._error = error
+
+    def _write(self, cols: Columns, block_ids: np.ndarray) -> None:
         table = pa.Table.from_pandas(exploded_frame(cols, block_ids), preserve_index=False)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
         self._writer.write_table(table)
         self.num_rows += table.num_rows
 
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise EventsWriteError(f"{self.path}: writing events failed: {self._error}") from (
+                self._error
+            )
+
     def close(self) -> None:
-        """Finish the file (an empty run still gets a valid, empty events.parquet)."""
+        """Write what is pending and finish the file (an empty run still gets a valid, empty
+        events.parquet). Raises ``EventsWriteError`` if any write failed."""
+        if self._thread.is_alive():
+            self._pending.put(None)
+            self._thread.join()
+        self._raise_if_failed()
         if self._writer is None:
             empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
             frame = exploded_frame(empty, np.empty(0, dtype=np.int64))
