@@ -104,9 +104,10 @@ class Simulation:
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
-        # partial(attrgetter) reads env.now without a Python-level wrapper per event.
+        # partial(attrgetter) reads the clock without a Python-level frame per event: simpy's
+        # ``now`` is a property returning ``_now``, which the engine loop also sets directly.
         self.recorder = EventRecorder(
-            clock=functools.partial(operator.attrgetter("now"), self.env),
+            clock=functools.partial(operator.attrgetter("_now"), self.env),
             on_chunk=on_events_chunk,
             # Streamed: everything goes to disk; by default memory keeps rows, not block ids.
             keep_block_ids=on_events_chunk is None if keep_block_ids is None else keep_block_ids,
