@@ -168,7 +168,9 @@ def simulate(
             # seq ids index the submitted requests; the sim exists before any chunk is packed
             lambda seq_id: final_length(sim.submitted[seq_id], max_model_len),  # type: ignore[union-attr]
         )
-    consumers: list[ChunkCallback] = [c.consume for c in (usage,) if c is not None]
+    consumers: list[ChunkCallback] = []
+    if usage is not None:
+        consumers.append(usage.consume)
     if writer is not None:
         consumers.append(writer.write_chunk)
 
@@ -182,7 +184,7 @@ def simulate(
         executor,
         settings,
         prompt_tokens_of,
-        on_events_chunk=on_chunk if (streamed or consumers) else None,
+        on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,
     )

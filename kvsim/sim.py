@@ -91,16 +91,16 @@ class Simulation:
         prompt_tokens_of: Callable[[Request], Any] | None = None,
         *,
         on_events_chunk: ChunkCallback | None = None,
-        keep_block_ids: bool | None = None,
+        keep_block_ids: bool = True,
         keep_kinds: Iterable[EventKind] | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
         ids (engine mode); without it prompts are ``range(prompt_tokens)``. With
-        ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file)
-        and the recorder keeps event rows with their first block id only (``keep_block_ids``
-        overrides that), and only those of ``keep_kinds`` if given (what the chunk consumers
-        have already accounted for need not stay in memory)."""
+        ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file).
+        The recorder keeps block ids only with ``keep_block_ids`` (else each event's first
+        one), and only the events of ``keep_kinds`` if given (what the chunk consumers have
+        already accounted for need not stay in memory)."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
@@ -109,8 +109,7 @@ class Simulation:
         self.recorder = EventRecorder(
             clock=functools.partial(operator.attrgetter("_now"), self.env),
             on_chunk=on_events_chunk,
-            # Streamed: everything goes to disk; by default memory keeps rows, not block ids.
-            keep_block_ids=on_events_chunk is None if keep_block_ids is None else keep_block_ids,
+            keep_block_ids=keep_block_ids,
             keep_kinds=keep_kinds,
         )
         scheduler.event_sink = self.recorder
