@@ -19,6 +19,8 @@ from engine.events import EventKind, EventSink
 from engine.invariants import FREE_OWNER, check_block_manager
 from engine.sequence import Sequence
 
+# Enum members read through their class are slow on CPython 3.11; see engine/scheduler.py.
+ALLOCATE, APPEND_BLOCK, FREE = EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE
 NO_OWNER = -2  # owner-table entry of a block taken with allocate_blocks() by no sequence
 
 
@@ -167,7 +169,7 @@ class BlockManager:
         self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
             self.event_sink.record(
-                EventKind.ALLOCATE, seq.seq_id, len(self._free), block_ids, num_prompt_tokens
+                ALLOCATE, seq.seq_id, len(self._free), block_ids, num_prompt_tokens
             )
 
     def append_slot_for_decode(self, seq: Sequence) -> Slot:
@@ -208,9 +210,7 @@ class BlockManager:
         if len(table) == 1:
             self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
-            self.event_sink.record(
-                EventKind.APPEND_BLOCK, seq.seq_id, len(self._free), [block_id], 1
-            )
+            self.event_sink.record(APPEND_BLOCK, seq.seq_id, len(self._free), [block_id], 1)
         return block_id
 
     def append_blocks(self, seqs: list[Sequence]) -> None:
@@ -256,7 +256,7 @@ class BlockManager:
         seq.block_table = []
         del self._seqs[seq.seq_id]
         if self.event_sink is not None:
-            self.event_sink.record(EventKind.FREE, seq.seq_id, len(self._free), table)
+            self.event_sink.record(FREE, seq.seq_id, len(self._free), table)
 
     # --- invariants --------------------------------------------------------------------------
 

@@ -9,10 +9,11 @@ engine pays one ``is None`` check per event site.
 from __future__ import annotations
 
 import enum
+import struct
 from array import array
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as BlockIds
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -88,21 +89,32 @@ ChunkCallback = Callable[[Columns, np.ndarray], None]
 
 
 EVENT_RECORD = np.dtype(list(zip(EVENT_COLUMNS, EVENT_DTYPES)))
+# How the recorder stores a row until it packs a chunk: the columns above, packed without
+# padding. One struct.pack per event and a zero-copy view when packing cost about a third of
+# a list of tuples turned into a record array (which converted every field of every tuple).
+_ROW = struct.Struct("<dibiiii")
+_ROW_RECORD = np.dtype(
+    {
+        "names": list(EVENT_COLUMNS),
+        "formats": ["<f8", "<i4", "i1", "<i4", "<i4", "<i4", "<i4"],
+        "offsets": [0, 8, 12, 13, 17, 21, 25],
+        "itemsize": _ROW.size,
+    }
+)
 # A row standing for a run of APPEND_BLOCK events (record_appends): its seq_id column holds
 # the run's length, the run's sequence ids are kept aside. Never leaves the recorder.
 _APPEND_RUN = -1
+_STEP = int(EventKind.STEP)
 
 
 def _empty_columns(names: tuple[str, ...], dtypes: tuple[str, ...]) -> Columns:
     return {n: np.empty(0, dtype=d) for n, d in zip(names, dtypes)}
 
 
-def _event_records(rows: list[tuple[Any, ...]], run_seq_ids: list[int]) -> np.ndarray:
-    """The recorded rows as one record array, each APPEND run expanded into its events.
-
-    One C pass turns the tuples into records (about 1.6x faster than transposing with zip
-    and a fromiter per column); runs are expanded with vectorised numpy."""
-    records = np.array(rows, dtype=EVENT_RECORD)
+def _event_records(rows: bytes | bytearray, run_seq_ids: list[int]) -> np.ndarray:
+    """The recorded rows (packed ``_ROW`` structs) as one record array, each APPEND run
+    expanded into its events with vectorised numpy."""
+    records = np.frombuffer(rows, dtype=_ROW_RECORD)
     if not run_seq_ids:
         return records
     is_run = records["kind"] == _APPEND_RUN
@@ -169,7 +181,9 @@ class EventRecorder:
         self.on_chunk = on_chunk
         self.keep_kinds = None if keep_kinds is None else np.array(sorted(keep_kinds))
         self.keep_block_ids = keep_block_ids
-        self._rows: list[tuple[float, int, int, int, int, int, int]] = []
+        self._rows = bytearray()  # packed _ROW structs
+        self._rows_limit = chunk_size * _ROW.size
+        self._pack_row = _ROW.pack
         self._block_ids: list[int] = []  # a list: extending it from a block table is a memcpy
         self._run_seq_ids: list[int] = []  # the sequences of the APPEND runs in _rows
         self._num_runs = 0  # APPEND run rows in _rows
@@ -183,7 +197,8 @@ class EventRecorder:
 
     def __len__(self) -> int:
         """Events recorded so far (an APPEND run counts as its events)."""
-        return self._num_packed + len(self._rows) + len(self._run_seq_ids) - self._num_runs
+        num_rows = len(self._rows) // _ROW.size
+        return self._num_packed + num_rows + len(self._run_seq_ids) - self._num_runs
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -197,35 +212,37 @@ class EventRecorder:
         num_tokens: int = 0,
     ) -> None:
         rows = self._rows
-        rows.append(
-            (self.clock(), self.step, kind, seq_id, free_blocks, num_tokens, len(block_ids))
+        rows += self._pack_row(
+            self.clock(), self.step, kind, seq_id, free_blocks, num_tokens, len(block_ids)
         )
         if block_ids:
             self._block_ids.extend(block_ids)
-        if len(rows) >= self.chunk_size:
+        if len(rows) >= self._rows_limit:
             self._pack()
 
     def record_step(
         self, kind: StepKind, num_seqs: int, num_batched_tokens: int, free_blocks: int
     ) -> None:
         rows = self._rows
-        rows.append(
-            (self.clock(), self.step, EventKind.STEP, NO_SEQ, free_blocks, num_batched_tokens, 0)
+        rows += self._pack_row(
+            self.clock(), self.step, _STEP, NO_SEQ, free_blocks, num_batched_tokens, 0
         )
         self._step_kinds.append(kind)
         self._step_num_seqs.append(num_seqs)
-        if len(rows) >= self.chunk_size:
+        if len(rows) >= self._rows_limit:
             self._pack()
 
     def record_appends(self, seq_ids: list[int], block_ids: list[int], free_blocks: int) -> None:
         # One row for the whole run, expanded when packing: a decode step at a small block
         # size appends a block for most of the batch.
         rows = self._rows
-        rows.append((self.clock(), self.step, _APPEND_RUN, len(seq_ids), free_blocks, 1, 1))
+        rows += self._pack_row(
+            self.clock(), self.step, _APPEND_RUN, len(seq_ids), free_blocks, 1, 1
+        )
         self._run_seq_ids.extend(seq_ids)
         self._num_runs += 1
         self._block_ids.extend(block_ids)
-        if len(rows) >= self.chunk_size:
+        if len(rows) >= self._rows_limit:
             self._pack()
 
     def _pack(self) -> None:
@@ -234,9 +251,9 @@ class EventRecorder:
             chunk = {n: records[n].copy() for n in EVENT_COLUMNS}
         else:
             chunk = _empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
-        block_ids = np.array(self._block_ids, dtype=np.int64)
+        block_ids = np.fromiter(self._block_ids, dtype=np.int64, count=len(self._block_ids))
         self._num_packed += len(chunk["kind"])
-        self._rows = []
+        self._rows = bytearray()
         self._block_ids = []
         self._run_seq_ids = []
         self._num_runs = 0

@@ -29,7 +29,10 @@ from engine.scheduler import Scheduler
 from engine.scheduler_output import SchedulerConfig, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
-RUNNING = SequenceStatus.RUNNING
+RUNNING = SequenceStatus.RUNNING  # module constants: see engine/scheduler.py
+FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
+FINISH = EventKind.FINISH
+PREFILL, DECODE = StepKind.PREFILL, StepKind.DECODE
 
 
 class FastDecodeOutput(SchedulerOutput):
@@ -180,7 +183,7 @@ class FastDecodeScheduler(Scheduler):
                 bm.append_block(seq)
         out = FastDecodeOutput(
             step=self.step,
-            kind=StepKind.DECODE,
+            kind=DECODE,
             seqs=running.copy(),
             num_new_tokens=[1] * len(running),
             block_size=bs,
@@ -194,7 +197,7 @@ class FastDecodeScheduler(Scheduler):
         if output is not self._fast_out:
             finished = super().update(output, sampled_token_ids)
             # Only prefill steps (and empty ones) take the plain path.
-            if output.kind is StepKind.PREFILL:
+            if output.kind is PREFILL:
                 for seq in output.seqs:
                     if seq.status is RUNNING:
                         self._join(seq)
@@ -229,7 +232,7 @@ class FastDecodeScheduler(Scheduler):
             finished.append(seq)
         if len(finished) > num_done_before:
             for seq in finished[num_done_before:]:
-                self._finish(seq, SequenceStatus.FINISHED_LENGTH, EventKind.FINISH)
+                self._finish(seq, FINISHED_LENGTH, FINISH)
             self._drop_finished(finished[num_done_before:])
         return finished
 
@@ -265,7 +268,7 @@ class FastDecodeScheduler(Scheduler):
             bm.append_blocks(needing)
         n = len(running)
         if sink is not None:
-            sink.record_step(StepKind.DECODE, n, n, bm.get_num_free_blocks())
+            sink.record_step(DECODE, n, n, bm.get_num_free_blocks())
         self._plain_pending = True
         return n
 

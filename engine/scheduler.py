@@ -24,8 +24,22 @@ from engine.events import EventKind, EventSink, StepKind
 from engine.scheduler_output import SchedulerConfig, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
+# Enum members read through their class cost about 0.16 us each on CPython 3.11 (the
+# metaclass lookup), a visible share of a step; the hot paths read these module constants.
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
+FINISHED_STOPPED = SequenceStatus.FINISHED_STOPPED
+FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
+FINISHED_ABORTED = SequenceStatus.FINISHED_ABORTED
+FINISHED_REJECTED = SequenceStatus.FINISHED_REJECTED
+ARRIVE, ADMIT, RESUME = EventKind.ARRIVE, EventKind.ADMIT, EventKind.RESUME
+PREEMPT, FINISH, ABORT, REJECT = (
+    EventKind.PREEMPT,
+    EventKind.FINISH,
+    EventKind.ABORT,
+    EventKind.REJECT,
+)
+PREFILL, DECODE = StepKind.PREFILL, StepKind.DECODE
 
 
 class Scheduler:
@@ -87,7 +101,7 @@ class Scheduler:
         self._unfinished[seq.seq_id] = seq
         if self.event_sink is not None:
             self.event_sink.record(
-                EventKind.ARRIVE,
+                ARRIVE,
                 seq.seq_id,
                 self.block_manager.get_num_free_blocks(),
                 (),
@@ -160,7 +174,7 @@ class Scheduler:
             num_new_tokens.append(n)
             num_tokens += n
             if sink is not None:
-                kind = EventKind.RESUME if seq.num_preemptions else EventKind.ADMIT
+                kind = RESUME if seq.num_preemptions else ADMIT
                 sink.record(kind, seq.seq_id, bm.get_num_free_blocks(), (), n)
         if not seqs and not rejected:
             return None
@@ -172,7 +186,7 @@ class Scheduler:
         self._running.extend(seqs)
         return SchedulerOutput(
             step=self.step,
-            kind=StepKind.PREFILL,
+            kind=PREFILL,
             seqs=seqs,
             num_new_tokens=num_new_tokens,
             block_size=bm.block_size,
@@ -223,7 +237,7 @@ class Scheduler:
             append(bm.append_slot_index(s))
         return SchedulerOutput(
             step=self.step,
-            kind=StepKind.DECODE,
+            kind=DECODE,
             seqs=running.copy(),
             num_new_tokens=[1] * len(running),
             block_size=bs,
@@ -267,9 +281,7 @@ class Scheduler:
         seq.num_preemptions += 1
         self._waiting.appendleft(seq)
         if self.event_sink is not None:
-            self.event_sink.record(
-                EventKind.PREEMPT, seq.seq_id, self.block_manager.get_num_free_blocks()
-            )
+            self.event_sink.record(PREEMPT, seq.seq_id, self.block_manager.get_num_free_blocks())
 
     # --- finish -------------------------------------------------------------------------------
 
@@ -287,7 +299,7 @@ class Scheduler:
 
     def _reject(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
-        self._finish(seq, SequenceStatus.FINISHED_REJECTED, EventKind.REJECT)
+        self._finish(seq, FINISHED_REJECTED, REJECT)
         self._finished_early.append(seq)
 
     def abort(self, seq_id: int) -> bool:
@@ -304,7 +316,7 @@ class Scheduler:
         else:
             self._waiting.remove(seq)
         seq.finish_reason = "aborted"
-        self._finish(seq, SequenceStatus.FINISHED_ABORTED, EventKind.ABORT)
+        self._finish(seq, FINISHED_ABORTED, ABORT)
         return True
 
     # --- update -------------------------------------------------------------------------------
@@ -329,18 +341,14 @@ class Scheduler:
         output._updated = True
         finished, self._finished_early = self._finished_early, []
         num_done_before = len(finished)
-        if output.kind is StepKind.DECODE:
+        if output.kind is DECODE:
             self._update_decode(seqs, sampled_token_ids, finished)
         else:
             self._update_prefill(seqs, sampled_token_ids, output.num_new_tokens, finished)
         if len(finished) > num_done_before:
             for seq in finished[num_done_before:]:
-                status = (
-                    SequenceStatus.FINISHED_STOPPED
-                    if seq.finish_reason == "stop"
-                    else SequenceStatus.FINISHED_LENGTH
-                )
-                self._finish(seq, status, EventKind.FINISH)
+                status = FINISHED_STOPPED if seq.finish_reason == "stop" else FINISHED_LENGTH
+                self._finish(seq, status, FINISH)
             self._drop_finished(finished[num_done_before:])
         return finished
 

@@ -12,6 +12,8 @@ from typing import Protocol
 from engine import Scheduler, SchedulerOutput, StepKind
 from kvsim.costmodel import CostModel, causal_pairs
 
+DECODE = StepKind.DECODE  # a module constant: enum reads through the class are slow
+
 
 class Executor(Protocol):
     """Runs (or predicts) one scheduled step."""
@@ -39,7 +41,7 @@ class CostModelExecutor:
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
         """Block-table entries the step's attention reads (read before ``update``)."""
-        if out.kind is StepKind.DECODE:
+        if out.kind is DECODE:
             return scheduler.block_manager.num_used_blocks  # every used block is a runner's
         return sum(len(seq.block_table) for seq in out.seqs)
 
@@ -47,7 +49,7 @@ class CostModelExecutor:
         """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
         n = len(out.seqs)
         blocks = self.blocks_walked(out, scheduler)
-        if out.kind is StepKind.DECODE:
+        if out.kind is DECODE:
             # Every running sequence decodes: its context is its cache plus this token.
             return self.decode_step_time(n, scheduler.num_cached_tokens + n, blocks)
         pairs = 0
