@@ -11,8 +11,10 @@ blocks kept as evictable cache), which a later change adds; today every count is
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
 from dataclasses import dataclass
+
+import numpy as np
 
 from engine.errors import DoubleFreeError, InvariantError, OutOfBlocksError
 from engine.events import EventKind, EventSink
@@ -48,6 +50,10 @@ class BlockManager:
     in vLLM, so running sequences have room to grow before anyone is preempted.
     """
 
+    # A sequence's table holds exactly the blocks its cached tokens fill (a decode token that
+    # starts a new logical block is given one then, never earlier).
+    tables_fit_tokens = True
+
     def __init__(
         self,
         num_blocks: int,
@@ -66,25 +72,33 @@ class BlockManager:
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_blocks)
         self.event_sink = event_sink
-        self._free: deque[int] = deque(range(num_blocks))
-        self._ref_counts = [0] * num_blocks
-        self._owners = [FREE_OWNER] * num_blocks
+        # The FIFO free queue is a list read from ``_head`` (blocks before it are taken), so
+        # a prefill takes its blocks as one C slice; it is compacted when half is dead.
+        self._free: list[int] = list(range(num_blocks))
+        self._head = 0
+        # C int arrays, each with a numpy view of the same memory: one block is read or
+        # written through the array (as cheap as a list), a whole block table through the
+        # view in a few vectorised operations (a 75-block release: 2.4 us against 7 us).
+        self._ref_counts = array("i", bytes(4 * num_blocks))
+        self._owners = array("i", [FREE_OWNER]) * num_blocks
+        self._ref_counts_np = np.frombuffer(self._ref_counts, dtype=np.int32)
+        self._owners_np = np.frombuffer(self._owners, dtype=np.int32)
         self._seqs: dict[int, Sequence] = {}  # sequences holding blocks, by seq_id
 
     # --- queries -----------------------------------------------------------------------
 
     def get_num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) - self._head
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - len(self._free) + self._head
 
     def can_allocate(self, num_tokens: int, seq: Sequence | None = None) -> bool:
         """Whether a prefill of ``num_tokens`` tokens fits, keeping the watermark in reserve.
         ``seq`` (the sequence to admit) is for allocators that size by request; unused here."""
         needed = blocks_needed(num_tokens, self.block_size)
-        return len(self._free) - needed >= self.watermark_blocks
+        return len(self._free) - self._head - needed >= self.watermark_blocks
 
     def can_ever_allocate(self, num_tokens: int, seq: Sequence | None = None) -> bool:
         """Whether ``num_tokens`` tokens could fit even with every other block free."""
@@ -96,13 +110,13 @@ class BlockManager:
         return seq.cached_token_count >= len(seq.block_table) * self.block_size
 
     def can_append_slot(self, seq: Sequence) -> bool:
-        return not self.needs_new_block(seq) or len(self._free) >= 1
+        return not self.needs_new_block(seq) or len(self._free) > self._head
 
     def can_append_slots(self, seqs: list[Sequence]) -> bool:
         """Whether every sequence in ``seqs`` can take its next decode slot at once."""
         bs = self.block_size
         needed = sum(1 for s in seqs if s.cached_token_count >= len(s.block_table) * bs)
-        return needed <= len(self._free)
+        return needed <= len(self._free) - self._head
 
     def owner_of(self, block_id: int) -> int:
         """The seq_id owning ``block_id``; FREE_OWNER (-1) or NO_OWNER (-2) otherwise."""
@@ -112,17 +126,30 @@ class BlockManager:
 
     def allocate_blocks(self, n: int, owner: int = NO_OWNER) -> list[int]:
         """Take ``n`` blocks from the front of the free queue."""
-        if n > len(self._free):
+        free, head = self._free, self._head
+        if n > len(free) - head:
             raise OutOfBlocksError(
-                f"cannot allocate {n} blocks: only {len(self._free)} of {self.num_blocks} are free"
+                f"cannot allocate {n} blocks: only {len(free) - head} of {self.num_blocks} are free"
             )
-        popleft = self._free.popleft
-        block_ids = [popleft() for _ in range(n)]
-        refs, owners = self._ref_counts, self._owners
-        for b in block_ids:
-            refs[b] = 1
-            owners[b] = owner
+        block_ids = free[head : head + n]
+        self._take(head + n)
+        if n == 1:
+            b = block_ids[0]
+            self._ref_counts[b] = 1
+            self._owners[b] = owner
+        elif n:
+            index = np.array(block_ids, dtype=np.intp)
+            self._ref_counts_np[index] = 1
+            self._owners_np[index] = owner
         return block_ids
+
+    def _take(self, head: int) -> None:
+        """Blocks before ``head`` in the free queue are taken; drop them once they are half
+        of it (amortised O(1) per block)."""
+        if head > 4096 and head * 2 > len(self._free):
+            del self._free[:head]
+            head = 0
+        self._head = head
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Drop one reference to each block; a block whose count reaches 0 goes to the back
@@ -143,16 +170,22 @@ class BlockManager:
 
     def _release(self, table: list[int], seq_id: int) -> None:
         """Drop a sequence's references: the fast path of free_blocks for tables this manager
-        built itself, so it validates while it goes instead of in a separate pass."""
-        refs, owners, free = self._ref_counts, self._owners, self._free
-        for b in table:
-            count = refs[b] - 1
-            if count < 0:
-                raise InvariantError(f"block {b} in sequence {seq_id}'s table was already free")
-            refs[b] = count
-            if count == 0:
-                owners[b] = FREE_OWNER
-                free.append(b)
+        built itself (each block once), so it validates while it goes instead of in a
+        separate pass."""
+        index = np.array(table, dtype=np.intp)
+        refs = self._ref_counts_np
+        counts = refs[index] - 1
+        if counts.min() < 0:
+            b = table[int(np.argmax(counts < 0))]
+            raise InvariantError(f"block {b} in sequence {seq_id}'s table was already free")
+        refs[index] = counts
+        if not counts.any():  # the usual case: no block of the table is shared
+            self._owners_np[index] = FREE_OWNER
+            self._free.extend(table)
+            return
+        released = index[counts == 0]
+        self._owners_np[released] = FREE_OWNER
+        self._free.extend(released.tolist())
 
     # --- per sequence ----------------------------------------------------------------------
 
@@ -169,7 +202,7 @@ class BlockManager:
         self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
             self.event_sink.record(
-                ALLOCATE, seq.seq_id, len(self._free), block_ids, num_prompt_tokens
+                ALLOCATE, seq.seq_id, len(self._free) - self._head, block_ids, num_prompt_tokens
             )
 
     def append_slot_for_decode(self, seq: Sequence) -> Slot:
@@ -197,12 +230,14 @@ class BlockManager:
     def append_block(self, seq: Sequence) -> int:
         """Append one free block to ``seq``'s table (its next token starts a new logical
         block) and return the block id."""
-        if not self._free:
+        head = self._head
+        if head == len(self._free):
             raise OutOfBlocksError(
                 f"sequence {seq.seq_id} needs a block for token {seq.cached_token_count}, "
                 "none is free"
             )
-        block_id = self._free.popleft()
+        block_id = self._free[head]
+        self._take(head + 1)
         self._ref_counts[block_id] = 1
         self._owners[block_id] = seq.seq_id
         table = seq.block_table
@@ -210,30 +245,38 @@ class BlockManager:
         if len(table) == 1:
             self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
-            self.event_sink.record(APPEND_BLOCK, seq.seq_id, len(self._free), [block_id], 1)
+            self.event_sink.record(
+                APPEND_BLOCK, seq.seq_id, len(self._free) - self._head, [block_id], 1
+            )
         return block_id
 
     def append_blocks(self, seqs: list[Sequence]) -> None:
         """``append_block`` for each of ``seqs`` in order, in one pass (the fast decode path,
         where at block size 1 every running sequence takes a block every step)."""
         n = len(seqs)
-        free = self._free
-        if n > len(free):
-            raise OutOfBlocksError(f"{n} sequences need a block, only {len(free)} are free")
-        popleft = free.popleft
+        free, head = self._free, self._head
+        num_free = len(free) - head
+        if n > num_free:
+            raise OutOfBlocksError(f"{n} sequences need a block, only {num_free} are free")
+        block_ids = free[head : head + n]
+        head += n
+        if head > 4096 and head * 2 > len(free):  # _take, inlined: a decode step's hot path
+            self._take(head)
+        else:
+            self._head = head
         refs, owners, held = self._ref_counts, self._owners, self._seqs
-        block_ids = []
-        for seq in seqs:
-            b = popleft()
+        seq_ids = []
+        for seq, b in zip(seqs, block_ids):
+            seq_id = seq.seq_id
             refs[b] = 1
-            owners[b] = seq.seq_id
+            owners[b] = seq_id
             table = seq.block_table
             table.append(b)
             if len(table) == 1:
-                held[seq.seq_id] = seq
-            block_ids.append(b)
+                held[seq_id] = seq
+            seq_ids.append(seq_id)
         if self.event_sink is not None:
-            self.event_sink.record_appends([s.seq_id for s in seqs], block_ids, len(free) + n - 1)
+            self.event_sink.record_appends(seq_ids, block_ids, num_free - 1)
 
     def get_slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Flat slot index of each token position in ``[start, end)`` of ``seq``."""
@@ -256,12 +299,17 @@ class BlockManager:
         seq.block_table = []
         del self._seqs[seq.seq_id]
         if self.event_sink is not None:
-            self.event_sink.record(FREE, seq.seq_id, len(self._free), table)
+            self.event_sink.record(FREE, seq.seq_id, len(self._free) - self._head, table)
 
     # --- invariants --------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
         """Verify DESIGN.md's invariants; raise ``InvariantError`` naming block and sequence."""
         check_block_manager(
-            self.num_blocks, self.block_size, self._free, self._ref_counts, self._owners, self._seqs
+            self.num_blocks,
+            self.block_size,
+            self._free[self._head :],
+            self._ref_counts,
+            self._owners,
+            self._seqs,
         )

@@ -21,6 +21,7 @@ up to date. Call ``sync()`` before reading running sequences' state or calling
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from engine.block_manager import BlockManager
 from engine.errors import SchedulerError
@@ -33,6 +34,13 @@ RUNNING = SequenceStatus.RUNNING  # module constants: see engine/scheduler.py
 FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
 FINISH = EventKind.FINISH
 PREFILL, DECODE = StepKind.PREFILL, StepKind.DECODE
+
+# (num_seqs, context_tokens, num_used_blocks) of a scheduled plain step -> whether it has run
+PlainStepCallback = Callable[[int, int, int], bool]
+
+
+def _never_called(finished: list[Sequence]) -> None:
+    raise AssertionError("a step left pending finishes nothing")
 
 
 class FastDecodeOutput(SchedulerOutput):
@@ -62,12 +70,17 @@ class FastDecodeScheduler(Scheduler):
         super().__init__(config, block_manager, event_sink)
         self.token = token
         self._decodes = 0  # decode steps updated so far
-        self._epoch: dict[int, tuple[int, int]] = {}  # seq_id -> (admission no, mark)
+        # seq_id -> (admission no, mark, bucket): the decode count its state is exact at,
+        # and the residue class it sits in
+        self._epoch: dict[int, tuple[int, int, int]] = {}
         self._next_admission = 0
         self._finish_heap: list[tuple[int, int, Sequence]] = []  # (decode no, admission no, seq)
-        self._buckets: list[list[tuple[int, Sequence]]] = [
-            [] for _ in range(block_manager.block_size)
-        ]
+        # running sequences by residue class, in admission order; a sequence leaves its
+        # bucket when it stops running
+        self._buckets: list[list[Sequence]] = [[] for _ in range(block_manager.block_size)]
+        # The allocator's tables hold exactly the blocks the cached tokens fill, so a
+        # sequence needs a block exactly when its next token starts a new one.
+        self._exact_tables: bool = getattr(block_manager, "tables_fit_tokens", False)
         self._fast_out: SchedulerOutput | None = None
         self._plain_pending = False  # begin_plain_decode ran, end_plain_decode not yet
         # The waiting head last found unable to fit. Plain steps only take blocks and keep
@@ -80,19 +93,20 @@ class FastDecodeScheduler(Scheduler):
         """``seq`` has just been prefilled and is running: track it lazily from now on."""
         admission, d = self._next_admission, self._decodes
         self._next_admission += 1
-        self._epoch[seq.seq_id] = (admission, d)
         c = seq.cached_token_count
+        bucket = (c - d) % self.block_manager.block_size
+        self._epoch[seq.seq_id] = (admission, d, bucket)
         heapq.heappush(self._finish_heap, (d + seq._finish_cached_count - c, admission, seq))
-        self._buckets[(c - d) % self.block_manager.block_size].append((admission, seq))
+        self._buckets[bucket].append(seq)
 
     def _sync(self, seq: Sequence) -> None:
-        admission, mark = self._epoch[seq.seq_id]
+        admission, mark, bucket = self._epoch[seq.seq_id]
         delta = self._decodes - mark
         if delta:
             seq.cached_token_count += delta
             seq.generated_token_ids.extend([self.token] * delta)
             seq.last_token_id = self.token
-            self._epoch[seq.seq_id] = (admission, self._decodes)
+            self._epoch[seq.seq_id] = (admission, self._decodes, bucket)
 
     def sync(self) -> None:
         """Bring every running sequence's state up to date."""
@@ -116,7 +130,7 @@ class FastDecodeScheduler(Scheduler):
         self._blocked_head = None
         if seq.seq_id in self._epoch:
             self._sync(seq)
-            del self._epoch[seq.seq_id]
+            self._buckets[self._epoch.pop(seq.seq_id)[2]].remove(seq)  # a C scan by identity
 
     def _finish(self, seq: Sequence, status: SequenceStatus, kind: EventKind) -> None:
         self._leave(seq)
@@ -139,24 +153,21 @@ class FastDecodeScheduler(Scheduler):
         return super().schedule()
 
     def _needing_blocks(self) -> list[Sequence]:
-        """Running sequences whose next decode token starts a new block (admission order);
-        drops the bucket's entries for sequences that left the batch."""
+        """Running sequences whose next decode token starts a new block (admission order)."""
         bs = self.block_manager.block_size
         d = self._decodes
         epoch = self._epoch
+        # The residue class whose token index is at a block boundary this step. With exact
+        # tables each of them needs a block; a table that reaches beyond the boundary
+        # (allocators that reserve ahead) needs nothing.
         bucket = self._buckets[-d % bs]
-        live: list[tuple[int, Sequence]] = []
-        needing: list[Sequence] = []
-        for entry in bucket:
-            admission, seq = entry
-            state = epoch.get(seq.seq_id)
-            if state is None or state[0] != admission:
-                continue  # left the batch since (finished, preempted or aborted)
-            live.append(entry)
-            if seq.cached_token_count + d - state[1] >= len(seq.block_table) * bs:
-                needing.append(seq)
-        bucket[:] = live
-        return needing
+        if self._exact_tables:
+            return bucket.copy()
+        return [
+            seq
+            for seq in bucket
+            if seq.cached_token_count + d - epoch[seq.seq_id][1] >= len(seq.block_table) * bs
+        ]
 
     def _schedule_decode(self) -> SchedulerOutput:
         running = self._running
@@ -215,12 +226,16 @@ class FastDecodeScheduler(Scheduler):
 
     def _advance_decode(self) -> list[Sequence]:
         """Every running sequence gains its token; finish those at their length limit."""
+        self._decodes += 1
+        self.num_cached_tokens += len(self._running)  # sequences aborted mid-step already left
+        return self._finish_due()
+
+    def _finish_due(self) -> list[Sequence]:
+        """Finish (and free) the sequences at their length limit after ``_decodes`` decode
+        steps; returns them, after any rejected while scheduling this step."""
         finished, self._finished_early = self._finished_early, []
         num_done_before = len(finished)
-        running = self._running
-        self._decodes += 1
         d = self._decodes
-        self.num_cached_tokens += len(running)  # sequences aborted mid-step already left
         heap, epoch = self._finish_heap, self._epoch
         while heap and heap[0][0] <= d:
             _, admission, seq = heapq.heappop(heap)
@@ -238,44 +253,78 @@ class FastDecodeScheduler(Scheduler):
 
     # --- plain decode steps without output objects (the simulator's multi-step loop) -------
 
-    def begin_plain_decode(self) -> int:
-        """Schedule the next step if it is a plain decode step, and return its batch size;
-        else do nothing and return 0 (call ``schedule()``). Follow with ``end_plain_decode()``.
+    def run_plain_decodes(
+        self, on_step: PlainStepCallback, on_finished: Callable[[list[Sequence]], None]
+    ) -> bool:
+        """Multi-step decoding: run decode steps back to back while each is plain.
 
         Plain: sequences are running, no waiting sequence can be admitted (none waits, or the
         head is known not to fit) and the free blocks cover every append (no preemption). Such
         a step changes no batch, so it needs no output object: its block appends, STEP event,
         counters and finishes are exactly those ``schedule()`` / ``update()`` would make, at a
-        fraction of their cost (multi-step decoding in the simulator)."""
+        fraction of their cost.
+
+        Each step is scheduled, then ``on_step(num_seqs, context_tokens, num_used_blocks)``
+        is called (the caller runs it: in the simulator, predicts its time and moves the
+        clock). If it returns True the step is updated at once and the sequences it finished
+        (blocks freed) go to ``on_finished``; if False the step stays pending until
+        ``end_plain_decode()``. Returns True when it leaves a step pending, False when the
+        next step is not plain (call ``schedule()``)."""
         if self._pending is not None or self._plain_pending:
             raise SchedulerError("a step is pending; update it before starting another")
-        running, waiting = self._running, self._waiting
-        if not running:
-            return 0
-        if waiting and waiting[0] is not self._blocked_head:
-            if not self._head_blocked():
-                return 0
-            self._blocked_head = waiting[0]
-        needing = self._needing_blocks()
-        bm = self.block_manager
-        if len(needing) > bm.get_num_free_blocks():
-            return 0
-        self.step += 1
-        sink = self.event_sink
-        if sink is not None:
-            sink.begin_step(self.step)
-        if needing:
-            bm.append_blocks(needing)
-        n = len(running)
-        if sink is not None:
-            sink.record_step(DECODE, n, n, bm.get_num_free_blocks())
-        self._plain_pending = True
-        return n
+        waiting, bm, sink = self._waiting, self.block_manager, self.event_sink
+        buckets, heap = self._buckets, self._finish_heap
+        bs, num_blocks = bm.block_size, bm.num_blocks
+        exact = self._exact_tables
+        d = self._decodes
+        while self._running:  # re-read: dropping many finished sequences rebuilds the list
+            if waiting and waiting[0] is not self._blocked_head:
+                if not self._head_blocked():
+                    return False
+                self._blocked_head = waiting[0]
+            # nothing preempts during a plain step, so the bucket itself can be handed over
+            needing = buckets[-d % bs] if exact else self._needing_blocks()
+            num_free = bm.get_num_free_blocks()
+            if len(needing) > num_free:
+                return False
+            self.step += 1
+            if sink is not None:
+                sink.begin_step(self.step)
+            if needing:
+                bm.append_blocks(needing)
+                num_free -= len(needing)
+            n = len(self._running)
+            if sink is not None:
+                sink.record_step(DECODE, n, n, num_free)
+            if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
+                self._plain_pending = True
+                return True
+            # _advance_decode, inlined: most steps finish nobody
+            d += 1
+            self._decodes = d
+            self.num_cached_tokens += n
+            if heap and heap[0][0] <= d:
+                on_finished(self._finish_due())
+        return False
+
+    def begin_plain_decode(self) -> int:
+        """Schedule the next step if it is plain (see ``run_plain_decodes``) and return its
+        batch size; else do nothing and return 0 (call ``schedule()``). Follow with
+        ``end_plain_decode()``."""
+        batch_size = 0
+
+        def leave_pending(num_seqs: int, context_tokens: int, num_used_blocks: int) -> bool:
+            nonlocal batch_size
+            batch_size = num_seqs
+            return False
+
+        self.run_plain_decodes(leave_pending, _never_called)
+        return batch_size
 
     def end_plain_decode(self) -> list[Sequence]:
-        """Update the step ``begin_plain_decode`` scheduled (sequences aborted meanwhile
-        are skipped, as ``update()`` does); returns the sequences it finished (their blocks
-        freed)."""
+        """Update the pending plain step (left by ``begin_plain_decode`` or
+        ``run_plain_decodes``); sequences aborted meanwhile are skipped, as ``update()`` does.
+        Returns the sequences it finished (their blocks freed)."""
         if not self._plain_pending:
             raise SchedulerError("no plain decode step is pending")
         self._plain_pending = False

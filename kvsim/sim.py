@@ -248,29 +248,42 @@ class Simulation:
             yield env.timeout(dt)
 
     def _plain_decodes(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
-        """Multi-step decoding: run decode steps back to back while each is plain (nothing is
-        admitted or preempted; arrivals and finishes may happen between them), without output
-        objects or the general schedule / execute / update path. Every step keeps its own
-        events, duration and time stamp, identical to running it the general way."""
-        env, sched, bm = self.env, self.scheduler, self.block_manager
+        """Multi-step decoding: let the scheduler run decode steps back to back while each is
+        plain (nothing is admitted or preempted; arrivals and finishes may happen between
+        them), without output objects or the general schedule / execute / update path. Every
+        step keeps its own events, duration and time stamp, identical to running it the
+        general way. A step that ends at or after the next simpy event is left pending and
+        run with a timeout (see ``_advance_clock``)."""
+        env, sched = self.env, self.scheduler
         assert isinstance(sched, FastDecodeScheduler)
         step_time = self.executor.decode_step_time  # type: ignore[attr-defined]
         durations, filled, running = self._durations, self._filled, self._running
-        while n := sched.begin_plain_decode():
-            context = sched.num_cached_tokens + n
-            dt = step_time(n, context, bm.num_used_blocks)
+        peek = env.peek
+        pending_dt = 0.0
+
+        def on_step(num_seqs: int, context_tokens: int, num_used_blocks: int) -> bool:
+            nonlocal pending_dt
+            dt = step_time(num_seqs, context_tokens, num_used_blocks)
             durations.append(dt)
-            filled.append(context)
-            running.append(n)
-            end = env.now + dt  # _advance_clock, inlined: this is the simulator's hottest loop
-            if end < env.peek():
-                env._now = end
-            else:
-                yield env.timeout(dt)
-            for seq in sched.end_plain_decode():
-                self._finish(seq.seq_id)
+            filled.append(context_tokens)
+            running.append(num_seqs)
             if progress is not None:
                 self._report(progress)
+            end = env._now + dt  # _advance_clock, inlined: this is the simulator's hottest loop
+            if end < peek():
+                env._now = end
+                return True
+            pending_dt = dt
+            return False
+
+        on_finished = self._finish_all
+        while sched.run_plain_decodes(on_step, on_finished):
+            yield env.timeout(pending_dt)
+            on_finished(sched.end_plain_decode())
+
+    def _finish_all(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._finish(seq.seq_id)
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and len(self._durations) >= self._next_progress:

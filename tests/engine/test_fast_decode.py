@@ -22,12 +22,14 @@ op = st.one_of(
     st.tuples(st.just("step"), st.integers(1, 4), st.just(0)),
     st.tuples(st.just("abort"), st.integers(0, 30), st.just(0)),
     st.tuples(st.just("abort_mid_step"), st.integers(0, 30), st.just(0)),
+    # up to N steps through run_plain_decodes (plain steps back to back), the rest as "step"
+    st.tuples(st.just("run"), st.integers(1, 12), st.just(0)),
 )
 
 
 def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark, plain=False):
-    """Run ``ops``; with ``plain`` every step that ``next_plain_decode`` calls plain goes
-    through begin_plain_decode / end_plain_decode instead of schedule / update."""
+    """Run ``ops``; with ``plain`` every step that is plain goes through begin_plain_decode
+    / end_plain_decode, or run_plain_decodes for "run", instead of schedule / update."""
     recorder = EventRecorder()
     bm = BlockManager(num_blocks, block_size, watermark, event_sink=recorder)
     sched = scheduler_class(
@@ -51,11 +53,17 @@ def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark,
                 trace.append(("abort", a, sched.abort(a)))
                 finished = sched.update(out, [0] * out.num_seqs)
             trace.append(([s.seq_id for s in finished], sched.num_cached_tokens))
-        else:
+        elif kind == "run" and plain:
+            a -= run_plain(sched, bm, a, trace)
+            kind = "step"
+        if kind in ("step", "run"):
+            # Each step is traced as (kind, batch, tokens, preempted, rejected, finished,
+            # cached tokens after it, blocks in use while it runs).
             for _ in range(a):
                 batch = [s.seq_id for s in sched.running]
                 n = sched.begin_plain_decode() if plain else 0
                 if n:
+                    used = bm.num_used_blocks
                     finished = sched.end_plain_decode()
                     trace.append(
                         (
@@ -66,11 +74,12 @@ def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark,
                             [],
                             [s.seq_id for s in finished],
                             sched.num_cached_tokens,
-                            bm.num_used_blocks,
+                            used,
                         )
                     )
                     continue
                 out = sched.schedule()
+                used = bm.num_used_blocks
                 finished = sched.update(out, [0] * out.num_seqs)
                 trace.append(
                     (
@@ -81,7 +90,7 @@ def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark,
                         [s.seq_id for s in out.rejected],
                         [s.seq_id for s in finished],
                         sched.num_cached_tokens,
-                        bm.num_used_blocks,
+                        used,
                     )
                 )
     while sched.has_unfinished():
@@ -90,6 +99,34 @@ def drive(scheduler_class, ops, num_blocks, block_size, max_num_seqs, watermark,
         trace.append((out.kind, [s.seq_id for s in out.seqs], [s.seq_id for s in finished]))
     cols, blocks = recorder.columns()
     return trace, {k: v.tolist() for k, v in cols.items()}, blocks.tolist(), sched
+
+
+def run_plain(sched, bm, max_steps, trace) -> int:
+    """Up to ``max_steps`` plain steps through run_plain_decodes, traced as ``drive`` traces
+    a step; returns how many ran."""
+    steps = []
+
+    def close_last() -> None:
+        # a step's cached tokens are final once the next one is scheduled (or none is)
+        if steps and steps[-1][-2] is None:
+            steps[-1][-2] = sched.num_cached_tokens
+
+    def on_step(num_seqs, context_tokens, num_used_blocks) -> bool:
+        close_last()
+        assert context_tokens == sched.num_cached_tokens + num_seqs
+        assert num_used_blocks == bm.num_used_blocks
+        batch = [s.seq_id for s in sched.running]
+        steps.append([StepKind.DECODE, batch, num_seqs, [], [], [], None, num_used_blocks])
+        return len(steps) < max_steps
+
+    def on_finished(seqs) -> None:
+        steps[-1][5] = [s.seq_id for s in seqs]
+
+    if sched.run_plain_decodes(on_step, on_finished):
+        on_finished(sched.end_plain_decode())
+    close_last()
+    trace.extend(tuple(step) for step in steps)
+    return len(steps)
 
 
 @settings(max_examples=200, deadline=None)
