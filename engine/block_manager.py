@@ -265,18 +265,15 @@ class BlockManager:
         else:
             self._head = head
         refs, owners, held = self._ref_counts, self._owners, self._seqs
-        seq_ids = []
         for seq, b in zip(seqs, block_ids):
-            seq_id = seq.seq_id
             refs[b] = 1
-            owners[b] = seq_id
+            owners[b] = seq.seq_id
             table = seq.block_table
+            if not table:
+                held[seq.seq_id] = seq
             table.append(b)
-            if len(table) == 1:
-                held[seq_id] = seq
-            seq_ids.append(seq_id)
         if self.event_sink is not None:
-            self.event_sink.record_appends(seq_ids, block_ids, num_free - 1)
+            self.event_sink.record_appends([s.seq_id for s in seqs], block_ids, num_free - 1)
 
     def get_slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Flat slot index of each token position in ``[start, end)`` of ``seq``."""

@@ -276,24 +276,30 @@ class FastDecodeScheduler(Scheduler):
         buckets, heap = self._buckets, self._finish_heap
         bs, num_blocks = bm.block_size, bm.num_blocks
         exact = self._exact_tables
-        d = self._decodes
-        while self._running:  # re-read: dropping many finished sequences rebuilds the list
-            if waiting and waiting[0] is not self._blocked_head:
-                if not self._head_blocked():
-                    return False
-                self._blocked_head = waiting[0]
+        d, step = self._decodes, self.step
+        # Within the loop only finishes change the batch, the free blocks (beyond this loop's
+        # appends) and whether the waiting head may fit: re-read those after finishes only.
+        n = len(self._running)
+        num_free = bm.get_num_free_blocks()
+        check_head = True
+        while n:
+            if check_head:
+                if waiting and waiting[0] is not self._blocked_head:
+                    if not self._head_blocked():
+                        return False
+                    self._blocked_head = waiting[0]
+                check_head = False
             # nothing preempts during a plain step, so the bucket itself can be handed over
             needing = buckets[-d % bs] if exact else self._needing_blocks()
-            num_free = bm.get_num_free_blocks()
             if len(needing) > num_free:
                 return False
-            self.step += 1
+            step += 1
+            self.step = step
             if sink is not None:
-                sink.begin_step(self.step)
+                sink.begin_step(step)
             if needing:
                 bm.append_blocks(needing)
                 num_free -= len(needing)
-            n = len(self._running)
             if sink is not None:
                 sink.record_step(DECODE, n, n, num_free)
             if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
@@ -305,6 +311,9 @@ class FastDecodeScheduler(Scheduler):
             self.num_cached_tokens += n
             if heap and heap[0][0] <= d:
                 on_finished(self._finish_due())
+                n = len(self._running)
+                num_free = bm.get_num_free_blocks()
+                check_head = True
         return False
 
     def begin_plain_decode(self) -> int:

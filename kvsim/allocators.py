@@ -10,6 +10,7 @@ so the cost model charges one block-table entry per sequence, not one per reserv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 from engine import BlockManager, Scheduler, SchedulerOutput
@@ -42,6 +43,9 @@ class ContiguousCostExecutor(CostModelExecutor):
 
     def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
         return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_seqs)
+
+    def decode_step_timer(self) -> Callable[[int, int, int], float]:
+        return self.decode_step_time
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
         return len(out.seqs)

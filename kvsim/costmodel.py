@@ -12,6 +12,7 @@ planner, so callers import everything from ``kvsim.costmodel``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,6 +224,39 @@ class CostModel:
             + self._block * num_blocks_walked
             + self._ar_per_token * num_batched_tokens
         )
+
+    def decode_step_time_fn(self) -> Callable[[int, int, int], float]:
+        """``step_time_of`` for decode steps, ``f(num_seqs, context_tokens,
+        num_blocks_walked)``, as a closure over the coefficients: the simulator calls it once
+        per step. Bit-identical to ``step_time_of(n, n, 0, context_tokens, blocks)`` (the
+        same operations in the same order; the prefill-attention term is an exact 0)."""
+        overhead, per_seq, ctx, block = self._overhead, self._seq, self._ctx, self._block
+        lin_flop, lin_bytes, lm_flop, lm_bytes = (
+            self._lin_flop,
+            self._lin_bytes,
+            self._lm_flop,
+            self._lm_bytes,
+        )
+        ar_per_token = self._ar_per_token
+
+        def decode_step_time(num_seqs: int, context_tokens: int, num_blocks_walked: int) -> float:
+            linear = lin_flop * num_seqs
+            if linear < lin_bytes:
+                linear = lin_bytes
+            lm_head = lm_flop * num_seqs
+            if lm_head < lm_bytes:
+                lm_head = lm_bytes
+            return (
+                overhead
+                + per_seq * num_seqs
+                + linear
+                + lm_head
+                + ctx * context_tokens
+                + block * num_blocks_walked
+                + ar_per_token * num_seqs
+            )
+
+        return decode_step_time
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """The terms of :meth:`step_time`, by name (seconds); they sum to step_time."""

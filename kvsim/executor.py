@@ -7,6 +7,7 @@ the Scheduler and BlockManager, so it costs O(1) per decode step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from engine import Scheduler, SchedulerOutput, StepKind
@@ -38,6 +39,11 @@ class CostModelExecutor:
         """Predicted seconds of a decode step of ``num_seqs`` sequences reading
         ``context_tokens`` tokens of K/V through ``num_blocks`` block-table entries."""
         return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_blocks)
+
+    def decode_step_timer(self) -> Callable[[int, int, int], float]:
+        """``decode_step_time`` as one plain function (the same results), for the simulator's
+        per-step loop."""
+        return self.cost_model.decode_step_time_fn()
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
         """Block-table entries the step's attention reads (read before ``update``)."""

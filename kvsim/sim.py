@@ -123,6 +123,7 @@ class Simulation:
         self._closed_loop = settings.concurrency is not None
         self._submitted: list[Request] = []
         self._seq_of_request: dict[str, int] = {}
+        self._sampling_params: dict[int, SamplingParams] = {}  # by output tokens
         self._done: dict[int, simpy.Event] = {}  # closed loop only: what users wait on
         self._wake: simpy.Event | None = None
         self._all_submitted = False
@@ -149,7 +150,10 @@ class Simulation:
             if self._prompt_tokens_of is not None
             else range(request.prompt_tokens)  # cost mode: token values never matter
         )
-        params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)
+        params = self._sampling_params.get(request.output_tokens)
+        if params is None:  # frozen, so shared by every request of this length
+            params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)
+            self._sampling_params[request.output_tokens] = params
         self.scheduler.add_request(Sequence(seq_id, prompt, params, float(self.env.now)))
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -205,8 +209,8 @@ class Simulation:
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, sched, executor = self.env, self.scheduler, self.executor
         durations, filled, running = self._durations, self._filled, self._running
-        plain_decodes = hasattr(sched, "begin_plain_decode") and hasattr(
-            executor, "decode_step_time"
+        plain_decodes = hasattr(sched, "run_plain_decodes") and hasattr(
+            executor, "decode_step_timer"
         )
         while True:
             if not sched.has_unfinished():
@@ -256,7 +260,7 @@ class Simulation:
         run with a timeout (see ``_advance_clock``)."""
         env, sched = self.env, self.scheduler
         assert isinstance(sched, FastDecodeScheduler)
-        step_time = self.executor.decode_step_time  # type: ignore[attr-defined]
+        step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
         durations, filled, running = self._durations, self._filled, self._running
         peek = env.peek
         pending_dt = 0.0

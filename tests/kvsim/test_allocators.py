@@ -162,6 +162,7 @@ def test_contiguous_cost_charges_one_block_table_entry_per_sequence() -> None:
     cm = CostModel(resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"))
     ex = ContiguousCostExecutor(cm)
     assert ex.decode_step_time(10, 5000, 99_999) == cm.step_time_of(10, 10, 0, 5000, 10)
+    assert ex.decode_step_timer()(10, 5000, 99_999) == cm.step_time_of(10, 10, 0, 5000, 10)
 
 
 def test_a_contiguous_run_is_charged_per_sequence_through_execute() -> None:

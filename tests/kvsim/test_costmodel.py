@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.costmodel import (
     GPU_PRESETS,
@@ -61,6 +63,26 @@ def test_llama_2_7b_prefill_2000_tokens_is_100_to_200_ms() -> None:
     seconds = CostModel(LLAMA7, A100_80).step_time(prefill_shape(2000))
     assert 0.083 < seconds < 0.25
     assert 0.1 < seconds < 0.2  # the expectation for the default coefficients
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    model=st.sampled_from(["llama-2-7b", "llama-2-70b", "llama-3-8b"]),
+    tp=st.sampled_from([1, 2, 4]),
+    num_seqs=st.integers(1, 1024),
+    context=st.integers(1, 10_000_000),
+    blocks=st.integers(0, 1_000_000),
+)
+def test_the_decode_step_timer_is_bit_identical_to_step_time_of(
+    model: str, tp: int, num_seqs: int, context: int, blocks: int
+) -> None:
+    # the simulator times plain decode steps with it, the general path with step_time_of:
+    # a run's results must not depend on which path a step took
+    cm = CostModel(MODEL_PRESETS[model], GPU_PRESETS["h100-sxm"], tp=tp)
+    timer = cm.decode_step_time_fn()
+    assert timer(num_seqs, context, blocks) == cm.step_time_of(
+        num_seqs, num_seqs, 0, context, blocks
+    )
 
 
 def test_breakdown_sums_to_step_time() -> None:
