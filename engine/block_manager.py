@@ -250,9 +250,11 @@ class BlockManager:
             )
         return block_id
 
-    def append_blocks(self, seqs: list[Sequence]) -> None:
+    def append_blocks(self, seqs: list[Sequence], *, record: bool = True) -> list[int]:
         """``append_block`` for each of ``seqs`` in order, in one pass (the fast decode path,
-        where at block size 1 every running sequence takes a block every step)."""
+        where at block size 1 every running sequence takes a block every step); returns the
+        block ids. With ``record=False`` the caller sends the APPEND_BLOCK events itself
+        (FastDecodeScheduler records a whole plain decode step in one sink call)."""
         n = len(seqs)
         free, head = self._free, self._head
         num_free = len(free) - head
@@ -272,8 +274,9 @@ class BlockManager:
             if not table:
                 held[seq.seq_id] = seq
             table.append(b)
-        if self.event_sink is not None:
+        if record and self.event_sink is not None:
             self.event_sink.record_appends([s.seq_id for s in seqs], block_ids, num_free - 1)
+        return block_ids
 
     def get_slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Flat slot index of each token position in ``[start, end)`` of ``seq``."""

@@ -72,6 +72,14 @@ class EventSink(Protocol):
         """APPEND_BLOCK events, one per (sequence, block), in order; ``free_blocks`` is the
         count after the first of them (each later one has one fewer)."""
 
+    def record_decode_step(
+        self, step: int, num_seqs: int, free_blocks: int, seq_ids: list[int], block_ids: list[int]
+    ) -> None:
+        """A whole decode step that admits and preempts nothing, as ``begin_step(step)``,
+        ``record_appends`` (sequence ``seq_ids[i]`` got block ``block_ids[i]``) and
+        ``record_step`` of ``num_seqs`` sequences one token each would record it;
+        ``free_blocks`` is the count after the step's appends."""
+
 
 def _zero_clock() -> float:
     return 0.0
@@ -101,10 +109,17 @@ _ROW_RECORD = np.dtype(
         "itemsize": _ROW.size,
     }
 )
-# A row standing for a run of APPEND_BLOCK events (record_appends): its seq_id column holds
-# the run's length, the run's sequence ids are kept aside. Never leaves the recorder.
+# Rows that stand for several events, expanded when packing; they never leave the recorder.
+# A run of APPEND_BLOCK events (record_appends): its seq_id column holds the run's length,
+# the run's sequence ids are kept aside.
 _APPEND_RUN = -1
+# A decode step (record_decode_step): its appends as a run, then its STEP event; seq_id and
+# num_blocks hold the number of appends, free_blocks the count after them, num_tokens the
+# step's tokens.
+_DECODE_STEP = -2
 _STEP = int(EventKind.STEP)
+_APPEND_BLOCK = int(EventKind.APPEND_BLOCK)
+_DECODE = int(StepKind.DECODE)
 
 
 def _empty_columns(names: tuple[str, ...], dtypes: tuple[str, ...]) -> Columns:
@@ -112,21 +127,30 @@ def _empty_columns(names: tuple[str, ...], dtypes: tuple[str, ...]) -> Columns:
 
 
 def _event_records(rows: bytes | bytearray, run_seq_ids: list[int]) -> np.ndarray:
-    """The recorded rows (packed ``_ROW`` structs) as one record array, each APPEND run
-    expanded into its events with vectorised numpy."""
+    """The recorded rows (packed ``_ROW`` structs) as one record array, each APPEND run and
+    decode-step row expanded into its events with vectorised numpy."""
     records = np.frombuffer(rows, dtype=_ROW_RECORD)
-    if not run_seq_ids:
+    kind = records["kind"]
+    is_run = kind == _APPEND_RUN
+    is_decode = kind == _DECODE_STEP
+    if not run_seq_ids and not is_decode.any():
         return records
-    is_run = records["kind"] == _APPEND_RUN
-    counts = np.where(is_run, records["seq_id"], 1)
+    num_appends = np.where(is_run | is_decode, records["seq_id"], 0)
+    counts = num_appends + ~is_run  # a run row is only its appends; a decode row ends in STEP
+    # free_blocks after each group's first append; each later one has one fewer
+    first_free = records["free_blocks"] + np.where(is_decode, num_appends - 1, 0)
     records = np.repeat(records, counts)
-    in_run = np.repeat(is_run, counts)
-    # a run's free_blocks is the count after its first append; each later one has one fewer
-    start = np.repeat(np.cumsum(counts) - counts, counts)
-    offset = (np.arange(len(records)) - start)[in_run]
-    records["kind"][in_run] = EventKind.APPEND_BLOCK
-    records["seq_id"][in_run] = run_seq_ids
-    records["free_blocks"][in_run] -= offset
+    offset = np.arange(len(records)) - np.repeat(np.cumsum(counts) - counts, counts)
+    is_append = offset < np.repeat(num_appends, counts)
+    closes_decode = np.repeat(is_decode, counts) & ~is_append
+    records["kind"][is_append] = _APPEND_BLOCK
+    records["seq_id"][is_append] = run_seq_ids
+    records["free_blocks"][is_append] = (np.repeat(first_free, counts) - offset)[is_append]
+    records["num_tokens"][is_append] = 1
+    records["num_blocks"][is_append] = 1
+    records["kind"][closes_decode] = _STEP
+    records["seq_id"][closes_decode] = NO_SEQ
+    records["num_blocks"][closes_decode] = 0
     return records
 
 
@@ -242,6 +266,25 @@ class EventRecorder:
         self._run_seq_ids.extend(seq_ids)
         self._num_runs += 1
         self._block_ids.extend(block_ids)
+        if len(rows) >= self._rows_limit:
+            self._pack()
+
+    def record_decode_step(
+        self, step: int, num_seqs: int, free_blocks: int, seq_ids: list[int], block_ids: list[int]
+    ) -> None:
+        # One row for the whole step (the plain decode steps of multi-step decoding), expanded
+        # when packing: three sink calls per step were a tenth of the simulator's loop.
+        self.step = step
+        rows = self._rows
+        num_appends = len(seq_ids)
+        rows += self._pack_row(
+            self.clock(), step, _DECODE_STEP, num_appends, free_blocks, num_seqs, num_appends
+        )
+        if num_appends:
+            self._run_seq_ids.extend(seq_ids)
+            self._block_ids.extend(block_ids)
+        self._step_kinds.append(_DECODE)
+        self._step_num_seqs.append(num_seqs)
         if len(rows) >= self._rows_limit:
             self._pack()
 

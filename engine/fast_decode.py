@@ -295,13 +295,14 @@ class FastDecodeScheduler(Scheduler):
                 return False
             step += 1
             self.step = step
-            if sink is not None:
-                sink.begin_step(step)
             if needing:
-                bm.append_blocks(needing)
+                block_ids = bm.append_blocks(needing, record=False)
                 num_free -= len(needing)
-            if sink is not None:
-                sink.record_step(DECODE, n, n, num_free)
+                if sink is not None:
+                    seq_ids = [seq.seq_id for seq in needing]
+                    sink.record_decode_step(step, n, num_free, seq_ids, block_ids)
+            elif sink is not None:
+                sink.record_decode_step(step, n, num_free, [], [])
             if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
                 self._plain_pending = True
                 return True

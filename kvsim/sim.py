@@ -133,6 +133,7 @@ class Simulation:
         self._filled = array("q")
         self._running = array("q")
         self._next_progress = PROGRESS_EVERY_STEPS
+        self._decode_step_time: Callable[[int, int, int], float] | None = None
 
     @property
     def submitted(self) -> list[Request]:
@@ -260,10 +261,15 @@ class Simulation:
         run with a timeout (see ``_advance_clock``)."""
         env, sched = self.env, self.scheduler
         assert isinstance(sched, FastDecodeScheduler)
-        step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
+        if self._decode_step_time is None:
+            self._decode_step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
+        step_time = self._decode_step_time
         durations, filled, running = self._durations, self._filled, self._running
-        peek = env.peek
+        finish, peek = self._finish, env.peek
         pending_dt = 0.0
+        # When the next simpy event is due: inside run_plain_decodes only a finish can bring
+        # it closer (a closed-loop user's completion event), so it is read again only then.
+        next_due = peek()
 
         def on_step(num_seqs: int, context_tokens: int, num_used_blocks: int) -> bool:
             nonlocal pending_dt
@@ -274,20 +280,21 @@ class Simulation:
             if progress is not None:
                 self._report(progress)
             end = env._now + dt  # _advance_clock, inlined: this is the simulator's hottest loop
-            if end < peek():
+            if end < next_due:
                 env._now = end
                 return True
             pending_dt = dt
             return False
 
-        on_finished = self._finish_all
+        def on_finished(seqs: list[Sequence]) -> None:
+            nonlocal next_due
+            for seq in seqs:
+                finish(seq.seq_id)
+            next_due = peek()
+
         while sched.run_plain_decodes(on_step, on_finished):
             yield env.timeout(pending_dt)
             on_finished(sched.end_plain_decode())
-
-    def _finish_all(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            self._finish(seq.seq_id)
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and len(self._durations) >= self._next_progress:

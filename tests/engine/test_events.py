@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 from engine import EventKind, EventRecorder, StepKind
 
 # ("event", seq_id, num_blocks) | ("appends", run length) | ("step", num_seqs)
+# | ("decode", appends, num_seqs): a whole decode step in one call
 action = st.one_of(
     st.tuples(st.just("event"), st.integers(0, 9), st.integers(0, 3)),
     st.tuples(st.just("appends"), st.integers(1, 6), st.just(0)),
     st.tuples(st.just("step"), st.integers(1, 9), st.just(0)),
+    st.tuples(st.just("decode"), st.integers(0, 6), st.integers(1, 9)),
 )
 
 
@@ -41,6 +43,18 @@ def replay(actions: list[tuple[str, int, int]], chunk_size: int) -> tuple[EventR
                 (time[0], i // 3, EventKind.APPEND_BLOCK, s, free - k, 1, 1, [blk])
                 for k, (s, blk) in enumerate(zip(seqs, ids))
             ]
+        elif what == "decode":
+            seqs = [20 + k for k in range(a)]
+            ids = list(range(next_block, next_block + a))
+            next_block += a
+            # free after the step's appends: the first append left a - 1 more
+            recorder.record_decode_step(i // 3, b, free, seqs, ids)
+            expected += [
+                (time[0], i // 3, EventKind.APPEND_BLOCK, s, free + a - 1 - k, 1, 1, [blk])
+                for k, (s, blk) in enumerate(zip(seqs, ids))
+            ]
+            # a decode step's token count is its batch size
+            expected.append((time[0], i // 3, EventKind.STEP, -1, free, b, 0, []))
         else:
             recorder.record_step(StepKind.DECODE, a, 2 * a, free)
             expected.append((time[0], i // 3, EventKind.STEP, -1, free, 2 * a, 0, []))
@@ -73,7 +87,10 @@ def test_columns_are_the_events_in_order_whatever_the_chunking(
     assert steps["time_s"].tolist() == [e[0] for e in step_events]
     assert steps["step"].tolist() == [e[1] for e in step_events]
     assert steps["num_batched_tokens"].tolist() == [e[5] for e in step_events]
-    assert steps["num_seqs"].tolist() == [e[5] // 2 for e in step_events]
+    assert steps["num_seqs"].tolist() == [
+        e[5] if what == "decode" else e[5] // 2
+        for e, what in zip(step_events, [a[0] for a in actions if a[0] in ("step", "decode")])
+    ]
     assert steps["free_blocks"].tolist() == [e[4] for e in step_events]
     assert (steps["kind"] == StepKind.DECODE).all()
 
