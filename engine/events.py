@@ -177,9 +177,11 @@ def _merge(chunks: list[tuple[Columns, np.ndarray]]) -> tuple[Columns, np.ndarra
 class EventRecorder:
     """An ``EventSink`` that keeps events as compact columns.
 
-    Recording appends one tuple (the cheapest thing Python can do per event); every
-    ``chunk_size`` events the tuples are packed into numpy columns, so memory stays near
-    40 bytes per event plus 8 per block id. Pass ``on_chunk`` to receive each packed chunk
+    Recording packs one struct per row into a bytearray (a row is an event, or a run of
+    APPEND_BLOCK events, or a whole plain decode step); every ``chunk_size`` rows (or
+    ``chunk_size`` appends in runs) they are viewed as a record array, expanded into events
+    and copied into numpy columns, so memory stays near 40 bytes per event plus 8 per block
+    id. Pass ``on_chunk`` to receive each packed chunk
     (event columns and its flat block ids), e.g. to stream it to disk, and ``keep_kinds`` to
     keep only the kinds you still need in memory.
 
@@ -266,7 +268,8 @@ class EventRecorder:
         self._run_seq_ids.extend(seq_ids)
         self._num_runs += 1
         self._block_ids.extend(block_ids)
-        if len(rows) >= self._rows_limit:
+        # a chunk holds at most chunk_size rows and chunk_size appends they stand for
+        if len(rows) >= self._rows_limit or len(self._run_seq_ids) >= self.chunk_size:
             self._pack()
 
     def record_decode_step(
@@ -285,7 +288,7 @@ class EventRecorder:
             self._block_ids.extend(block_ids)
         self._step_kinds.append(_DECODE)
         self._step_num_seqs.append(num_seqs)
-        if len(rows) >= self._rows_limit:
+        if len(rows) >= self._rows_limit or len(self._run_seq_ids) >= self.chunk_size:
             self._pack()
 
     def _pack(self) -> None:

@@ -152,3 +152,29 @@ def test_check_invariants_catches_a_table_that_does_not_cover_cached_tokens():
     seq.cached_token_count = 9  # claims a token beyond its two blocks
     with pytest.raises(InvariantError, match="sequence 5"):
         bm.check_invariants()
+
+
+def test_freeing_a_table_that_names_a_free_block_raises_and_names_it():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a, b = make_seq(1, 8), make_seq(2, 4)
+    bm.allocate_for_prefill(a, 8)
+    bm.allocate_for_prefill(b, 4)
+    bm.free_sequence(b)
+    a.block_table.append(b_block := 2)  # corrupt: a's table claims b's freed block
+    assert bm.owner_of(b_block) == -1
+    with pytest.raises(InvariantError, match=r"block 2 in sequence 1's table was already free"):
+        bm.free_sequence(a)
+
+
+def test_a_shared_block_outlives_the_first_table_that_frees_it():
+    # Ref counts above 1 are for shared prefix blocks (not handed out yet): freeing one
+    # holder's table drops a reference and leaves the block held, out of the free queue.
+    bm = BlockManager(num_blocks=6, block_size=4)
+    seq = make_seq(1, 12)
+    bm.allocate_for_prefill(seq, 12)  # blocks 0, 1, 2
+    bm._ref_counts[1] += 1  # white box: a second holder of block 1
+    bm.free_sequence(seq)
+    assert bm.get_num_free_blocks() == 5
+    assert 1 not in bm.allocate_blocks(5)  # the free queue: 3, 4, 5, 0, 2
+    bm.free_blocks([1])
+    assert bm.allocate_blocks(1) == [1]

@@ -98,9 +98,22 @@ def test_columns_are_the_events_in_order_whatever_the_chunking(
 def test_chunks_handed_out_carry_expanded_appends() -> None:
     chunks: list[dict[str, np.ndarray]] = []
     recorder = EventRecorder(chunk_size=2, on_chunk=lambda cols, ids: chunks.append(cols))
-    recorder.record_appends([4, 5, 6], [7, 8, 9], 20)
+    recorder.record_appends([4, 5, 6], [7, 8, 9], 20)  # 3 appends >= chunk_size: packed
     recorder.record_step(StepKind.DECODE, 3, 3, 17)
+    recorder.record_decode_step(5, 3, 15, [4, 6], [10, 11])
     recorder.flush()
-    assert [c["kind"].tolist() for c in chunks] == [[4, 4, 4, 10]]
-    assert chunks[0]["free_blocks"].tolist() == [20, 19, 18, 17]
-    assert len(recorder) == 4
+    assert [c["kind"].tolist() for c in chunks] == [[4, 4, 4], [10, 4, 4, 10]]
+    assert [c["free_blocks"].tolist() for c in chunks] == [[20, 19, 18], [17, 16, 15, 15]]
+    assert chunks[1]["step"].tolist() == [0, 5, 5, 5]
+    assert len(recorder) == 7
+
+
+def test_a_chunk_holds_at_most_chunk_size_appends_beyond_its_rows() -> None:
+    # A decode step at block size 1 appends a block for every running sequence: the chunk
+    # must close on appends too, or one chunk of rows could hold millions of events.
+    sizes: list[int] = []
+    recorder = EventRecorder(chunk_size=100, on_chunk=lambda cols, ids: sizes.append(len(ids)))
+    for step in range(1, 51):
+        recorder.record_decode_step(step, 64, 1000, list(range(64)), list(range(64)))
+    recorder.flush()
+    assert sum(sizes) == 50 * 64 and max(sizes) < 2 * 100
