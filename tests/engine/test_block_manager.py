@@ -1,6 +1,10 @@
 """BlockManager: the design's worked examples, low-level allocation and invariant checks."""
 
+from collections import deque
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import (
     BlockManager,
@@ -178,3 +182,26 @@ def test_a_shared_block_outlives_the_first_table_that_frees_it():
     assert 1 not in bm.allocate_blocks(5)  # the free queue: 3, 4, 5, 0, 2
     bm.free_blocks([1])
     assert bm.allocate_blocks(1) == [1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 2500)), min_size=1, max_size=40))
+def test_the_free_queue_is_fifo_across_compactions(ops):
+    # The free queue is a list read from a head index and compacted once more than 4,096
+    # taken blocks are half of it; a deque is the model of what it must hand out.
+    bm = BlockManager(num_blocks=9000, block_size=1)
+    model = deque(range(9000))
+    held: list[int] = []
+    for take, n in ops:
+        if take:
+            n = min(n, len(model))
+            got = bm.allocate_blocks(n)
+            assert got == [model.popleft() for _ in range(n)]
+            held += got
+        else:
+            back, held = held[:n], held[n:]
+            bm.free_blocks(back)
+            model.extend(back)
+        assert bm.get_num_free_blocks() == len(model)
+        assert bm.num_used_blocks == len(held)
+    bm.check_invariants()
