@@ -275,3 +275,19 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
         assert gc.get_threshold()[0] >= 100_000
         raise RuntimeError("a failing run")
     assert gc.get_threshold() == before
+
+
+def test_progress_is_reported_every_4096_steps_and_at_the_end(
+    pressured_config: RunConfig, pressured_run: RunResult
+) -> None:
+    # The CLI's progress bar: (simulated seconds, requests done), both non-decreasing, every
+    # 4,096 steps (plain decode steps included) and once more when the run ends.
+    calls: list[tuple[float, int]] = []
+    result = run(pressured_config, progress=lambda now, done: calls.append((now, done)))
+    num_steps = result.summary["num_steps"]
+    assert num_steps > 2 * 4096
+    assert len(calls) == num_steps // 4096 + 1
+    assert calls == sorted(calls)
+    last = result.steps.iloc[-1]
+    assert calls[-1] == (last["time_s"] + last["duration_s"], result.summary["num_requests"])
+    assert num_steps == pressured_run.summary["num_steps"]  # watching changes nothing
