@@ -319,18 +319,20 @@ class EventRecorder:
             self._step_num_seqs = array("q")
         if self.on_chunk is not None:
             self.on_chunk(chunk, block_ids)
-        if self.keep_kinds is not None:
-            keep = np.isin(chunk["kind"], self.keep_kinds)
-            block_keep = np.repeat(keep, chunk["num_blocks"])
-            chunk = {n: c[keep] for n, c in chunk.items()}
-            block_ids = block_ids[block_keep]
         if not self.keep_block_ids:
+            # each event's first block, read off the whole chunk: cheaper than filtering
+            # every block id by kind first
             counts = chunk["num_blocks"]
             first = np.full(len(counts), -1, dtype=np.int32)
             has = counts > 0
             first[has] = block_ids[(np.cumsum(counts) - counts)[has]]
-            chunk["first_block"] = first
+            chunk = {**chunk, "first_block": first}  # a new dict: on_chunk may hold the old
             block_ids = np.empty(0, dtype=np.int64)  # not a view: it would pin the chunk's ids
+        if self.keep_kinds is not None:
+            keep = np.isin(chunk["kind"], self.keep_kinds)
+            if len(block_ids):
+                block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])]
+            chunk = {n: c[keep] for n, c in chunk.items()}
         self._chunks.append((chunk, block_ids))
 
     def flush(self) -> None:
@@ -343,7 +345,10 @@ class EventRecorder:
         ``keep_block_ids``) and the flat block ids (empty without ``keep_block_ids``)."""
         self.flush()
         if not self._chunks:
-            return _empty_columns(EVENT_COLUMNS, EVENT_DTYPES), np.empty(0, dtype=np.int64)
+            empty = _empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
+            if not self.keep_block_ids:
+                empty["first_block"] = np.empty(0, dtype=np.int32)
+            return empty, np.empty(0, dtype=np.int64)
         if len(self._chunks) > 1:
             self._chunks = [_merge(self._chunks)]
         return self._chunks[0]

@@ -19,10 +19,12 @@ action = st.one_of(
 )
 
 
-def replay(actions: list[tuple[str, int, int]], chunk_size: int) -> tuple[EventRecorder, list]:
+def replay(
+    actions: list[tuple[str, int, int]], chunk_size: int, **options: object
+) -> tuple[EventRecorder, list]:
     """Record ``actions``; also return the events as plain tuples, written out one by one."""
     time = [0.0]
-    recorder = EventRecorder(clock=lambda: time[0], chunk_size=chunk_size)
+    recorder = EventRecorder(clock=lambda: time[0], chunk_size=chunk_size, **options)
     expected: list[tuple] = []  # (time, step, kind, seq_id, free, tokens, blocks, block ids)
     next_block = 0
     for i, (what, a, b) in enumerate(actions):
@@ -93,6 +95,25 @@ def test_columns_are_the_events_in_order_whatever_the_chunking(
     ]
     assert steps["free_blocks"].tolist() == [e[4] for e in step_events]
     assert (steps["kind"] == StepKind.DECODE).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    actions=st.lists(action, max_size=30),
+    chunk_size=st.integers(1, 8),
+    kinds=st.sets(st.sampled_from([EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.STEP])),
+)
+def test_a_lean_recorder_keeps_the_kinds_asked_with_their_first_block(
+    actions: list[tuple[str, int, int]], chunk_size: int, kinds: set[EventKind]
+) -> None:
+    # What a streamed run keeps in memory: only some kinds, and each event's first block id.
+    recorder, expected = replay(actions, chunk_size, keep_kinds=kinds, keep_block_ids=False)
+    cols, block_ids = recorder.columns()
+    kept = [e for e in expected if e[2] in kinds]
+    assert cols["kind"].tolist() == [e[2] for e in kept]
+    assert cols["seq_id"].tolist() == [e[3] for e in kept]
+    assert cols["first_block"].tolist() == [e[7][0] if e[7] else -1 for e in kept]
+    assert len(block_ids) == 0
 
 
 def test_chunks_handed_out_carry_expanded_appends() -> None:
