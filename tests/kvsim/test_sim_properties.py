@@ -290,4 +290,9 @@ def test_progress_is_reported_every_4096_steps_and_at_the_end(
     assert calls == sorted(calls)
     last = result.steps.iloc[-1]
     assert calls[-1] == (last["time_s"] + last["duration_s"], result.summary["num_requests"])
+    # the k-th report comes during or right after step 4096 k, whichever path ran it
+    start, duration = result.steps["time_s"].to_numpy(), result.steps["duration_s"].to_numpy()
+    for k, (now, _) in enumerate(calls[:-1], start=1):
+        i = 4096 * k - 1
+        assert start[i] <= now <= start[i] + duration[i]
     assert num_steps == pressured_run.summary["num_steps"]  # watching changes nothing
