@@ -83,7 +83,7 @@ class BlockManager:
         self._owners = array("i", [FREE_OWNER]) * num_blocks
         self._ref_counts_np = np.frombuffer(self._ref_counts, dtype=np.int32)
         self._owners_np = np.frombuffer(self._owners, dtype=np.int32)
-        self._ones = np.ones(num_blocks, dtype=np.int32).tobytes()  # see _release
+        self._ones = b""  # 1 as int32, repeated: see _release (grown to the longest table)
         self._seqs: dict[int, Sequence] = {}  # sequences holding blocks, by seq_id
 
     # --- queries -----------------------------------------------------------------------
@@ -171,14 +171,16 @@ class BlockManager:
 
     def _release(self, table: list[int], seq_id: int) -> None:
         """Drop a sequence's references: the fast path of free_blocks for tables this manager
-        built itself (each block once), so it validates while it goes instead of in a
-        separate pass."""
+        built itself (each block once), checked and applied over the whole table at once."""
         index = np.array(table, dtype=np.intp)
         refs = self._ref_counts_np
         held = refs[index]
         # The usual case, no block of the table shared: every count is 1 (a byte compare is
         # several times cheaper than numpy reductions over a few dozen counts).
-        if held.tobytes() == self._ones[: 4 * len(table)]:
+        size = 4 * len(table)
+        if len(self._ones) < size:
+            self._ones = np.ones(len(table) * 2, dtype=np.int32).tobytes()
+        if held.tobytes() == self._ones[:size]:
             refs[index] = 0
             self._owners_np[index] = FREE_OWNER
             self._free.extend(table)
