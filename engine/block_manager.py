@@ -99,7 +99,7 @@ class BlockManager:
         """Whether a prefill of ``num_tokens`` tokens fits, keeping the watermark in reserve.
         ``seq`` (the sequence to admit) is for allocators that size by request; unused here."""
         needed = blocks_needed(num_tokens, self.block_size)
-        return len(self._free) - self._head - needed >= self.watermark_blocks
+        return self.get_num_free_blocks() - needed >= self.watermark_blocks
 
     def can_ever_allocate(self, num_tokens: int, seq: Sequence | None = None) -> bool:
         """Whether ``num_tokens`` tokens could fit even with every other block free."""
@@ -111,13 +111,13 @@ class BlockManager:
         return seq.cached_token_count >= len(seq.block_table) * self.block_size
 
     def can_append_slot(self, seq: Sequence) -> bool:
-        return not self.needs_new_block(seq) or len(self._free) > self._head
+        return not self.needs_new_block(seq) or self.get_num_free_blocks() >= 1
 
     def can_append_slots(self, seqs: list[Sequence]) -> bool:
         """Whether every sequence in ``seqs`` can take its next decode slot at once."""
         bs = self.block_size
         needed = sum(1 for s in seqs if s.cached_token_count >= len(s.block_table) * bs)
-        return needed <= len(self._free) - self._head
+        return needed <= self.get_num_free_blocks()
 
     def owner_of(self, block_id: int) -> int:
         """The seq_id owning ``block_id``; FREE_OWNER (-1) or NO_OWNER (-2) otherwise."""
@@ -209,7 +209,7 @@ class BlockManager:
         self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
             self.event_sink.record(
-                ALLOCATE, seq.seq_id, len(self._free) - self._head, block_ids, num_prompt_tokens
+                ALLOCATE, seq.seq_id, self.get_num_free_blocks(), block_ids, num_prompt_tokens
             )
 
     def append_slot_for_decode(self, seq: Sequence) -> Slot:
@@ -253,7 +253,7 @@ class BlockManager:
             self._seqs[seq.seq_id] = seq
         if self.event_sink is not None:
             self.event_sink.record(
-                APPEND_BLOCK, seq.seq_id, len(self._free) - self._head, [block_id], 1
+                APPEND_BLOCK, seq.seq_id, self.get_num_free_blocks(), [block_id], 1
             )
         return block_id
 
@@ -306,7 +306,7 @@ class BlockManager:
         seq.block_table = []
         del self._seqs[seq.seq_id]
         if self.event_sink is not None:
-            self.event_sink.record(FREE, seq.seq_id, len(self._free) - self._head, table)
+            self.event_sink.record(FREE, seq.seq_id, self.get_num_free_blocks(), table)
 
     # --- invariants --------------------------------------------------------------------------
 

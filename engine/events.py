@@ -96,7 +96,6 @@ Columns = dict[str, np.ndarray]
 ChunkCallback = Callable[[Columns, np.ndarray], None]
 
 
-EVENT_RECORD = np.dtype(list(zip(EVENT_COLUMNS, EVENT_DTYPES)))
 # How the recorder stores a row until it packs a chunk: the columns above, packed without
 # padding. One struct.pack per event and a zero-copy view when packing cost about a third of
 # a list of tuples turned into a record array (which converted every field of every tuple).
@@ -181,9 +180,9 @@ class EventRecorder:
     APPEND_BLOCK events, or a whole plain decode step); every ``chunk_size`` rows (or
     ``chunk_size`` appends in runs) they are viewed as a record array, expanded into events
     and copied into numpy columns, so memory stays near 40 bytes per event plus 8 per block
-    id. Pass ``on_chunk`` to receive each packed chunk
-    (event columns and its flat block ids), e.g. to stream it to disk, and ``keep_kinds`` to
-    keep only the kinds you still need in memory.
+    id. Pass ``on_chunk`` to receive each packed chunk (event columns and its flat block ids;
+    the recorder never changes them afterwards), e.g. to stream it to disk, and
+    ``keep_kinds`` to keep only the kinds you still need in memory.
 
     Event ``i`` carries ``num_blocks[i]`` block ids; they follow each other in ``block_ids``
     in event order.
@@ -304,7 +303,7 @@ class EventRecorder:
         self._run_seq_ids = []
         self._num_runs = 0
         if self._step_kinds:
-            is_step = chunk["kind"] == EventKind.STEP
+            is_step = chunk["kind"] == _STEP
             self._step_chunks.append(
                 {
                     "time_s": chunk["time_s"][is_step],

@@ -295,14 +295,11 @@ class FastDecodeScheduler(Scheduler):
                 return False
             step += 1
             self.step = step
-            if needing:
-                block_ids = bm.append_blocks(needing, record=False)
-                num_free -= len(needing)
-                if sink is not None:
-                    seq_ids = [seq.seq_id for seq in needing]
-                    sink.record_decode_step(step, n, num_free, seq_ids, block_ids)
-            elif sink is not None:
-                sink.record_decode_step(step, n, num_free, [], [])
+            block_ids = bm.append_blocks(needing, record=False) if needing else []
+            num_free -= len(needing)
+            if sink is not None:
+                seq_ids = [seq.seq_id for seq in needing]
+                sink.record_decode_step(step, n, num_free, seq_ids, block_ids)
             if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
                 self._plain_pending = True
                 return True

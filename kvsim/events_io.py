@@ -105,8 +105,7 @@ class EventsParquetWriter:
 
     def write_chunk(self, cols: Columns, block_ids: np.ndarray) -> None:
         self._raise_if_failed()
-        # a shallow copy: the recorder may add columns to its own dict afterwards
-        self._pending.put((dict(cols), block_ids))
+        self._pending.put((cols, block_ids))  # the recorder never changes a chunk it handed out
 
     def _drain(self) -> None:
         while (item := self._pending.get()) is not None:

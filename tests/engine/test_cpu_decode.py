@@ -208,7 +208,7 @@ def test_kernel_path_refuses_autograd(kernel: CpuDecodeKernel) -> None:
 
 def test_backend_choice_falls_back_to_torch_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     case = _case(9, 4, 2, [3, 6])
-    half = build_attention_metadata(
+    one_half_step = dict(
         query_lens=[1],
         context_lens=[3],
         block_tables=[[0]],
@@ -216,17 +216,9 @@ def test_backend_choice_falls_back_to_torch_and_says_why(monkeypatch: pytest.Mon
         block_size=4,
         dtype=torch.float16,
     )
-    assert half.decode_backend == "torch"
+    assert build_attention_metadata(**one_half_step).decode_backend == "torch"
     with pytest.raises(ValueError, match="float32 on CPU"):
-        build_attention_metadata(
-            query_lens=[1],
-            context_lens=[3],
-            block_tables=[[0]],
-            slot_mapping=[2],
-            block_size=4,
-            dtype=torch.float16,
-            decode_backend="cpu_kernel",
-        )
+        build_attention_metadata(**one_half_step, decode_backend="cpu_kernel")
     with pytest.raises(ValueError, match="expected 'auto', 'torch' or 'cpu_kernel'"):
         _metadata(case, "gpu")  # type: ignore[arg-type]
     missing = CpuDecodeStatus(None, "no C compiler found ($CC, cc, gcc or clang)")
