@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from kvsim.config import RunConfig
-from kvsim.sweep import make_spec
-from kvsim.sweep_exec import default_jobs, run_sweep
+from kvsim.sweep.execute import default_jobs, run_sweep
+from kvsim.sweep.spec import make_spec
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TARGET_S = 60.0

@@ -17,7 +17,7 @@ from kvsim.errors import KvsimError
 
 Mode = Literal["cost", "engine"]
 MODES = ("cost", "engine")
-ALLOCATORS = ("paged", "max", "pow2", "oracle")  # kvsim.allocators builds them
+ALLOCATORS = ("paged", "max", "pow2", "oracle")  # kvsim.sim.allocators builds them
 
 
 class ConfigError(KvsimError):

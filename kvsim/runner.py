@@ -14,7 +14,9 @@ import pandas as pd
 from engine import Scheduler, SchedulerConfig
 from engine.events import ChunkCallback, Columns
 from engine.fast_decode import FastDecodeScheduler
-from kvsim.allocators import ContiguousCostExecutor, build_allocator
+from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter
+from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
+from kvsim.analysis.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
 from kvsim.config import RunConfig
 from kvsim.costmodel import (
     CostModel,
@@ -23,11 +25,10 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
-from kvsim.events_io import METRIC_KINDS, EventsParquetWriter
-from kvsim.executor import CostModelExecutor, Executor
-from kvsim.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
-from kvsim.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
-from kvsim.sim import Progress, SimSettings, Simulation
+from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
+from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
+from kvsim.sim.executor import CostModelExecutor, Executor
+from kvsim.sim.simulation import Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
 
@@ -98,9 +99,7 @@ def run(
     if not keep_events:
         events_path = None
     if config.mode == "engine":
-        from kvsim.engine_mode import run_engine_mode
-
-        return run_engine_mode(config, progress, events_path, keep_events=keep_events)
+        return _run_engine_mode(config, progress, events_path, keep_events=keep_events)
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     num_blocks, plan = resolve_num_blocks(config, cost_model)
@@ -119,6 +118,46 @@ def run(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
         events_path=events_path, keep_events=keep_events,
     )  # fmt: skip
+
+
+def _run_engine_mode(
+    config: RunConfig,
+    progress: Progress | None = None,
+    events_path: Path | None = None,
+    *,
+    keep_events: bool = True,
+) -> RunResult:
+    """Replay ``config``'s trace through the torch engine, timing every step."""
+    trace_path, trace = load_workload(config)
+    llm = build_llm(config)
+    scheduler = llm.scheduler
+    block_manager = llm.block_manager
+    resolved: dict[str, Any] = {
+        "trace_path": str(trace_path),
+        "trace_name": trace.name,
+        "num_blocks": block_manager.num_blocks,
+        "max_model_len": scheduler.config.max_model_len,
+        "engine": {
+            "model": config.model,
+            "device": str(llm.kv_cache.key_cache[0].device),
+            "dtype": config.dtype,
+            "kv_cache_bytes": llm.kv_cache.num_bytes,
+        },
+    }
+    tokens_of = PromptTokens(llm.model_config.vocab_size, config.seed, trace.hash_block_size)
+    return simulate(
+        config,
+        trace,
+        block_manager.num_blocks,
+        scheduler.config.max_model_len,
+        EngineExecutor(llm),
+        resolved,
+        progress,
+        scheduler=scheduler,
+        prompt_tokens_of=tokens_of,
+        events_path=events_path,
+        keep_events=keep_events,
+    )
 
 
 def simulate(

@@ -1,9 +1,9 @@
 """Picture commands over a run folder: ``kvsim plot``, ``kvsim animate``, ``kvsim report``,
 ``kvsim export-trace``.
 
-Each reads the run folder and hands off to one library function (kvsim.plots, kvsim.animate,
-kvsim.report, kvsim.perfetto); only this edge turns their exceptions into one red line and
-exit code 2.
+Each reads the run folder and hands off to one library function (kvsim.plots,
+kvsim.plots.animation, kvsim.outputs.report, kvsim.outputs.perfetto); only this edge turns their
+exceptions into one red line and exit code 2.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsim.console import console, fail
+from kvsim.commands.console import console, fail
 from kvsim.errors import KvsimError
 
 RunDir = Annotated[Path, typer.Argument(help="A run folder written by kvsim run.")]
@@ -43,7 +43,7 @@ def _read(run_dir: Path, t_from: float | None, t_to: float | None) -> Any:
         fail(f"--to ({t_to}) must be later than --from ({t_from})")
     if t_from is not None and t_from < 0:
         fail(f"--from must be >= 0, got {t_from}")
-    from kvsim.run_folder import read_run
+    from kvsim.outputs.run_folder import read_run
 
     try:
         return read_run(run_dir)
@@ -97,7 +97,7 @@ def animate_command(
     ] = None,
 ) -> None:
     """Animate the block pool over a time window."""
-    from kvsim.animate import animate_occupancy
+    from kvsim.plots.animation import animate_occupancy
 
     run = _read(run_dir, t_from, t_to)
     try:
@@ -126,7 +126,7 @@ def report_command(
     t_to: ToOption = None,
 ) -> None:
     """Write a self-contained report.html: summary, options and every picture."""
-    from kvsim.report import write_report
+    from kvsim.outputs.report import write_report
 
     run = _read(run_dir, t_from, t_to)
     path = out or run_dir / "report.html"
@@ -151,7 +151,7 @@ def export_trace_command(
     ] = None,
 ) -> None:
     """Export a Chrome trace-event JSON timeline for ui.perfetto.dev or chrome://tracing."""
-    from kvsim.perfetto import build_trace, validate_trace, write_trace
+    from kvsim.outputs.perfetto import build_trace, validate_trace, write_trace
 
     run = _read(run_dir, t_from, t_to)
     path = out or run_dir / "run.perfetto.json"

@@ -13,10 +13,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engine import EngineError
+from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
+from kvsim.commands.console import console, fail
 from kvsim.config import RunConfig
-from kvsim.console import console, fail
 from kvsim.errors import KvsimError
-from kvsim.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
 
 USER_ERRORS = (KvsimError, WorkloadError, EngineError)
@@ -132,7 +132,7 @@ def run_command(
 def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool) -> Any:
     """Run with the events streamed to a temporary file beside the run folder (so memory stays
     bounded), then write the folder; the temporary file never outlives a failure."""
-    from kvsim.run_folder import write_run
+    from kvsim.outputs.run_folder import write_run
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{out_dir.name}.events-", suffix=".parquet",

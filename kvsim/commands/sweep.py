@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvsim.commands.console import console, fail
 from kvsim.commands.run import USER_ERRORS
 from kvsim.config import RunConfig
-from kvsim.console import console, fail
 from workloads import DEFAULT_TRACE_NAME
 
 Opt = typer.Option
@@ -91,7 +91,7 @@ def sweep_command(
     ] = False,
 ) -> None:
     """Run one simulation per point of a grid over run options; write sweep.csv and a report."""
-    from kvsim.sweep import make_spec, parse_param, parse_values
+    from kvsim.sweep.spec import make_spec, parse_param, parse_values
 
     options: dict[str, Any] = {
         "model": model,
@@ -154,7 +154,7 @@ def sweep_command(
 def _print_points(spec: Any) -> None:
     from rich.table import Table
 
-    from kvsim.sweep import command_line
+    from kvsim.sweep.spec import command_line
 
     table = Table(title=f"kvsim sweep: {spec.num_points} points", header_style="bold")
     for column in ("#", "point", "block size", "KV blocks"):
@@ -169,7 +169,7 @@ def _print_points(spec: Any) -> None:
 def _run_with_progress(
     spec: Any, out: Path, executor: str, jobs: int | None, address: str | None
 ) -> Any:
-    from kvsim.sweep_exec import PointOutcome, run_sweep
+    from kvsim.sweep.execute import PointOutcome, run_sweep
 
     with Progress(
         TextColumn("[bold]sweep[/bold]"),

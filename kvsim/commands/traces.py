@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kvsim.console import console, fail
+from kvsim.commands.console import console, fail
 from workloads import (
     DEFAULT_TRACE_NAME,
     IMPORTERS,

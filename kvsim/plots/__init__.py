@@ -6,7 +6,9 @@ aggregated with numpy, so a million-step, 100,000-block run plots as fast as a s
 
 Modules: ``timeseries`` (free blocks, KV breakdown, batch size), ``requests`` (latency CDFs,
 Gantt chart), ``occupancy_map`` (block x time map), ``pool`` (a small pool slot by slot),
-``compare`` (several runs side by side), ``standard`` (the named pictures of a run folder).
+``compare`` (several runs side by side), ``standard`` (the named pictures of a run folder),
+``animation`` (the block pool over a time window, as a GIF or MP4; imported on its own, since
+most callers never animate).
 """
 
 from kvsim.plots._common import COLORS, MAX_POINTS, png_bytes, save_png

@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 from kvsim.plots._common import COLORS
 from kvsim.plots.timeseries import BREAKDOWN
 
-# summary.json fields of the mean breakdown (kvsim.kv_breakdown), matching BREAKDOWN's classes.
+# summary.json fields of the mean breakdown (kvsim.analysis.kv_breakdown), matching BREAKDOWN's
+# classes.
 BREAKDOWN_FIELDS = (
     "kv_token_state_share_mean",
     "kv_reservation_share_mean",

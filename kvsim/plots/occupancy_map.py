@@ -15,7 +15,7 @@ from matplotlib.colors import LinearSegmentedColormap, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from kvsim.occupancy import SHARED, OccupancyGrid, block_intervals, occupancy_grid
+from kvsim.analysis.occupancy import SHARED, OccupancyGrid, block_intervals, occupancy_grid
 from kvsim.plots._common import COLORS, new_axes
 
 STATE_CMAP = LinearSegmentedColormap.from_list(

@@ -11,7 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from kvsim.occupancy import STATES, request_states
+from kvsim.analysis.occupancy import STATES, request_states
 from kvsim.plots._common import COLORS, empty_note, set_time_limits
 
 LATENCIES = (

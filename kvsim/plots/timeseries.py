@@ -62,7 +62,7 @@ def plot_free_blocks(
     return fig
 
 
-# Slot classes of kvsim.kv_breakdown (steps columns, when the run has them), bottom to top.
+# Slot classes of kvsim.analysis.kv_breakdown (steps columns, when the run has them), bottom to top.
 BREAKDOWN = (
     ("filled_slots", "token states (filled)", COLORS["filled"]),
     ("reserved_slots", "reservation", "#63b3ed"),
@@ -74,7 +74,7 @@ BREAKDOWN = (
 
 def breakdown_shares(steps: pd.DataFrame, total_slots: int) -> dict[str, pd.Series]:
     """Share of ``total_slots`` in each slot class per step (label -> series). With the
-    columns of ``kvsim.kv_breakdown`` every class is drawn; otherwise filled, internal
+    columns of ``kvsim.analysis.kv_breakdown`` every class is drawn; otherwise filled, internal
     fragmentation (allocated - filled) and free."""
     if all(column in steps for column, _, _ in BREAKDOWN):
         return {label: steps[column] / total_slots for column, label, _ in BREAKDOWN}

@@ -14,12 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.buddy import order_of
-from kvsim.allocators import ContiguousCostExecutor
+from kvsim.analysis.kv_breakdown import COLUMNS, SUMMARY_FIELDS
 from kvsim.cli import app
 from kvsim.config import ConfigError, RunConfig
 from kvsim.costmodel import CostModel, resolve_gpu, resolve_model
-from kvsim.kv_breakdown import COLUMNS, SUMMARY_FIELDS
 from kvsim.runner import RunResult, run, simulate
+from kvsim.sim.allocators import ContiguousCostExecutor
 from tests.kvsim.conftest import ToyExecutor
 from workloads import DEFAULT_TRACE_NAME, Request, Trace
 
@@ -170,7 +170,7 @@ def test_a_contiguous_run_is_charged_per_sequence_through_execute() -> None:
     # block-table entry per sequence, not one per reserved slot.
     from engine import SamplingParams, SchedulerConfig, Sequence
     from engine.fast_decode import FastDecodeScheduler
-    from kvsim.allocators import build_allocator
+    from kvsim.sim.allocators import build_allocator
 
     cm = CostModel(resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"))
     alloc = build_allocator("max", 64, 16, 0.0, 256)

@@ -12,9 +12,9 @@ from PIL import Image
 from typer.testing import CliRunner, Result
 
 from kvsim.cli import app
-from kvsim.perfetto import validate_trace
+from kvsim.outputs.perfetto import validate_trace
+from kvsim.outputs.run_folder import write_run
 from kvsim.plots import PICTURES
-from kvsim.run_folder import write_run
 from kvsim.runner import RunResult
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+from kvsim.analysis.metrics import WALL_CLOCK_FIELDS
 from kvsim.cli import app
-from kvsim.metrics import WALL_CLOCK_FIELDS
 
 FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet"}
 

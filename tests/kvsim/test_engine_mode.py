@@ -4,8 +4,8 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from kvsim.config import RunConfig
-from kvsim.engine_mode import PromptTokens, prompt_token_ids
 from kvsim.runner import run
+from kvsim.sim.engine_mode import PromptTokens, prompt_token_ids
 from workloads import Request, Trace, save_trace
 
 
@@ -63,7 +63,7 @@ def test_engine_mode_runs_every_request_to_its_output_length(tiny_trace):
 def test_engine_mode_generates_what_the_llm_engine_generates(tiny_trace):
     """The simulator's engine mode and LLMEngine.generate run the same greedy model."""
     path, requests = tiny_trace
-    from kvsim.engine_mode import build_llm
+    from kvsim.sim.engine_mode import build_llm
 
     config = RunConfig(
         trace=str(path), mode="engine", model="tiny-llama", block_size=4, num_blocks=64

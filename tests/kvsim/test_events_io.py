@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from engine import EventKind, EventRecorder
-from kvsim.events_io import EventsParquetWriter, EventsWriteError, exploded_frame
+from kvsim.analysis.events_io import EventsParquetWriter, EventsWriteError, exploded_frame
 
 
 def record_some(recorder: EventRecorder, n: int) -> None:

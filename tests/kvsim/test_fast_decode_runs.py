@@ -73,7 +73,7 @@ def test_a_run_that_keeps_no_events_measures_the_same(tmp_path):
     pd.testing.assert_frame_equal(kept.steps, lean.steps)
     pd.testing.assert_frame_equal(kept.requests, lean.requests)
     assert_identical_summaries(kept.summary, lean.summary)
-    from kvsim.run_folder import write_run
+    from kvsim.outputs.run_folder import write_run
 
     folder = write_run(lean, tmp_path / "run", plots=False)
     assert not (folder / "events.parquet").exists()

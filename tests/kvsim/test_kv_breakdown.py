@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import EventKind
+from kvsim.analysis.kv_breakdown import PagedUsageTracker
 from kvsim.config import RunConfig
-from kvsim.kv_breakdown import PagedUsageTracker
 from kvsim.runner import RunResult, run
 
 BLOCK_KINDS = {"ALLOCATE": 1, "APPEND_BLOCK": 1, "FREE": -1}

@@ -1,5 +1,5 @@
 """The metrics of docs/metrics.md, recomputed from their definitions and compared with
-kvsim.metrics' tables and summary (on the default trace in a 240-block pool)."""
+kvsim.analysis.metrics' tables and summary (on the default trace in a 240-block pool)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.metrics import WALL_CLOCK_FIELDS
+from kvsim.analysis.metrics import WALL_CLOCK_FIELDS
 from kvsim.runner import RunResult
 
 # The names outside tools read (issue 3, section 4); more may be added, none removed.

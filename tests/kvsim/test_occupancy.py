@@ -1,5 +1,5 @@
-"""kvsim.occupancy: block ownership intervals, the pixel grid and request states, checked on
-hand-built event lists and on tiny simulations whose timelines are computed by hand."""
+"""kvsim.analysis.occupancy: block ownership intervals, the pixel grid and request states,
+checked on hand-built event lists and on tiny simulations whose timelines are computed by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.config import RunConfig
-from kvsim.occupancy import (
+from kvsim.analysis.occupancy import (
     FREE,
     SHARED,
     OccupancyError,
@@ -19,6 +18,7 @@ from kvsim.occupancy import (
     owners_at,
     request_states,
 )
+from kvsim.config import RunConfig
 from kvsim.runner import RunResult, run
 
 

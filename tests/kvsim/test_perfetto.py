@@ -1,5 +1,5 @@
-"""kvsim.perfetto: the trace-event document of a run, checked against the format, against the
-hand-computed timeline of a tiny run, and the validator against broken documents."""
+"""kvsim.outputs.perfetto: the trace-event document of a run, checked against the format,
+against the hand-computed timeline of a tiny run, and the validator against broken documents."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvsim.perfetto import (
+from kvsim.outputs.perfetto import (
     ENGINE_PID,
     REQUESTS_PID,
     TraceFormatError,

@@ -1,4 +1,4 @@
-"""kvsim.report: the page's tables, its embedded pictures, and atomic writing."""
+"""kvsim.outputs.report: the page's tables, its embedded pictures, and atomic writing."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import kvsim.report
+import kvsim.outputs.report
+from kvsim.outputs.report import build_report, latency_rows, summary_rows, write_report
 from kvsim.plots import PICTURES
-from kvsim.report import build_report, latency_rows, summary_rows, write_report
 from kvsim.runner import RunResult
 
 
@@ -56,7 +56,7 @@ def test_write_report_leaves_nothing_half_written(
     def failing_draw(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(kvsim.report, "draw", failing_draw)
+    monkeypatch.setattr(kvsim.outputs.report, "draw", failing_draw)
     with pytest.raises(RuntimeError):
         write_report(tiny_run, out)
     assert out.read_bytes() == before

@@ -11,7 +11,7 @@ import pytest
 
 import kvsim.plots
 from kvsim.config import RunConfig
-from kvsim.run_folder import RunFolderError, read_run, write_run
+from kvsim.outputs.run_folder import RunFolderError, read_run, write_run
 from kvsim.runner import RunResult, run
 from workloads import DEFAULT_TRACE_NAME
 

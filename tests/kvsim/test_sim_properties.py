@@ -13,9 +13,9 @@ import pytest
 import simpy
 
 from engine import blocks_needed
+from kvsim.analysis.metrics import WALL_CLOCK_FIELDS
 from kvsim.config import RunConfig
-from kvsim.metrics import WALL_CLOCK_FIELDS
-from kvsim.run_folder import write_run
+from kvsim.outputs.run_folder import write_run
 from kvsim.runner import RunResult, load_workload, run
 from workloads import DEFAULT_TRACE_NAME
 
@@ -266,7 +266,7 @@ def test_closed_loop_think_times_follow_the_seed() -> None:
 def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
     import gc
 
-    from kvsim.sim import fewer_gc_passes
+    from kvsim.sim.simulation import fewer_gc_passes
 
     before = gc.get_threshold()
     run(RunConfig(trace=DEFAULT_TRACE_NAME, until=5.0))

@@ -11,8 +11,15 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.config import RunConfig
-from kvsim.sweep import SweepError, SweepSpec, command_line, make_spec, parse_param, parse_values
-from kvsim.sweep_table import WALL_COLUMNS, max_rates
+from kvsim.sweep.spec import (
+    SweepError,
+    SweepSpec,
+    command_line,
+    make_spec,
+    parse_param,
+    parse_values,
+)
+from kvsim.sweep.table import WALL_COLUMNS, max_rates
 from workloads import DEFAULT_TRACE_NAME, load_trace, resolve_trace, save_trace, truncate
 
 FIGURES = {"throughput", "latency", "normalized_latency", "memory", "batch"}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.sweep_exec import SweepResult, run_sweep
-from kvsim.sweep_table import WALL_COLUMNS
+from kvsim.sweep.execute import run_sweep
+from kvsim.sweep.table import WALL_COLUMNS, SweepResult
 from tests.kvsim.test_sweep import grid, write_tiny_trace
 
 

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.config import RunConfig
-from kvsim.sweep import SweepError, make_spec
-from kvsim.sweep_exec import run_sweep
+from kvsim.sweep.execute import run_sweep
+from kvsim.sweep.spec import SweepError, make_spec
 from tests.kvsim.test_sweep import grid, write_tiny_trace
 
 FIGURES = {"throughput", "latency", "normalized_latency", "memory", "batch"}

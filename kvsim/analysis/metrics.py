@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from engine import EventKind, StepKind
-from kvsim.events_io import EVENT_KIND_NAMES, exploded_frame
-from kvsim.kv_breakdown import breakdown_means
-from kvsim.sim import SimResult
+from kvsim.analysis.events_io import EVENT_KIND_NAMES, exploded_frame
+from kvsim.analysis.kv_breakdown import breakdown_means
+from kvsim.sim.simulation import SimResult
 
 PERCENTILES = (50, 90, 99)
 STATUS_BY_END_KIND = {

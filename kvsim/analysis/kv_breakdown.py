@@ -35,7 +35,7 @@ from engine import EventKind
 from engine.buddy import BuddyAllocator, order_of
 from engine.contiguous import POLICIES, Policy, reservation_tokens
 from engine.events import Columns
-from kvsim.sim import SimResult
+from kvsim.sim.simulation import SimResult
 from workloads import Request
 
 COLUMNS = (

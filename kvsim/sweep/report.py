@@ -13,16 +13,13 @@ import io
 import math
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from kvsim.sweep_plots import sweep_figures
-from kvsim.sweep_table import Best, best_points, max_rates
-
-if TYPE_CHECKING:
-    from kvsim.sweep_exec import SweepResult
+from kvsim.sweep.plots import sweep_figures
+from kvsim.sweep.table import Best, SweepResult, best_points, max_rates
 
 CAPTIONS = {
     "throughput": "Throughput: finished requests and generated tokens per simulated second.",

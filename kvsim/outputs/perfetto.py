@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.analysis.occupancy import request_states, run_end_s
 from kvsim.atomic import atomic_write_bytes
 from kvsim.errors import KvsimError
-from kvsim.occupancy import request_states, run_end_s
 
 ENGINE_PID, STEPS_TID, REQUESTS_PID = 1, 1, 2
 US_PER_S = 1e6

@@ -25,12 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from kvsim.atomic import atomic_dir
 from kvsim.config import RunConfig
-from kvsim.sweep import SweepError, SweepPoint, SweepSpec, command_line
-from kvsim.sweep_table import failed_row, point_row, rows_frame
+from kvsim.sweep.spec import SweepError, SweepPoint, SweepSpec, command_line
+from kvsim.sweep.table import SweepResult, failed_row, point_row, rows_frame
 
 EXECUTORS = ("process", "serial", "ray")
 FORMAT_VERSION = 1
@@ -51,20 +49,6 @@ class PointOutcome:
         return self.error is None
 
 
-@dataclass(slots=True)
-class SweepResult:
-    path: Path
-    spec: SweepSpec
-    table: pd.DataFrame
-    command: list[str]
-    wall_s: float
-    report_error: str | None = None  # the report could not be written (the rest was)
-
-    @property
-    def num_failed(self) -> int:
-        return int((self.table["status"] != "ok").sum())
-
-
 # --- one point, wherever it runs -----------------------------------------------------------
 
 
@@ -72,7 +56,7 @@ def run_point(
     index: int, values: dict[str, Any], options: dict[str, Any], events: bool
 ) -> PointOutcome:
     """Simulate one point (``options``: its RunConfig as a dict) and return its outcome."""
-    from kvsim.run_folder import write_run
+    from kvsim.outputs.run_folder import write_run
     from kvsim.runner import run
 
     point = SweepPoint(index, values, RunConfig.from_dict(options))
@@ -108,7 +92,9 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     # forkserver: workers fork from a clean, single-threaded server that imported kvsim once.
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["kvsim.sweep_exec", "kvsim.runner", "kvsim.run_folder"])
+        ctx.set_forkserver_preload(
+            ["kvsim.sweep.execute", "kvsim.runner", "kvsim.outputs.run_folder"]
+        )
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -239,7 +225,7 @@ def run_sweep(
         table.to_parquet(tmp / "sweep.parquet", index=False)
         result = SweepResult(out, spec, table, command, time.perf_counter() - start)
         if report:
-            from kvsim.sweep_report import write_report
+            from kvsim.sweep.report import write_report
 
             try:
                 write_report(result, tmp)

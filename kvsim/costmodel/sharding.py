@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim._specio import CostModelError
-from kvsim.modelspec import ModelSpec
+from kvsim.costmodel.modelspec import ModelSpec
+from kvsim.costmodel.specio import CostModelError
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from kvsim._specio import (
+from kvsim.costmodel.specio import (
     CostModelError,
     check_keys,
     nonempty_str,

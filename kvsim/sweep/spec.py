@@ -5,8 +5,8 @@ A ``SweepSpec`` is a base RunConfig plus ordered axes (``block_size``, ``allocat
 axis varying slowest. GPU memory is held fixed across block sizes: with ``num_blocks`` unset
 every point plans its pool from GPU memory (so num_blocks follows the block size); with
 ``num_blocks`` set, the total slots ``num_blocks x block_size`` of the base config are held
-and each point gets ``slots // block_size`` blocks. Execution: kvsim/sweep_exec.py; the
-report: kvsim/sweep_report.py; definitions: docs/sweeps.md.
+and each point gets ``slots // block_size`` blocks. Execution: kvsim/sweep/execute.py; the
+report: kvsim/sweep/report.py; definitions: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from kvsim.analysis.metrics import PERCENTILES
 from kvsim.config import ConfigError, RunConfig
 from kvsim.errors import KvsimError
-from kvsim.metrics import PERCENTILES
 
 # Axes named by their own option; every other field goes through --param.
 OWN_OPTIONS = {"block_size": "--block-size", "allocator": "--allocator", "rate": "--rate"}

@@ -32,7 +32,7 @@ import simpy
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.events import ChunkCallback, EventKind
 from engine.fast_decode import FastDecodeScheduler
-from kvsim.executor import Executor
+from kvsim.sim.executor import Executor
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)

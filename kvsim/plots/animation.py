@@ -20,8 +20,8 @@ import pandas as pd
 from matplotlib import animation
 from matplotlib.colors import to_rgb
 
+from kvsim.analysis.occupancy import FREE, block_intervals, owners_at
 from kvsim.errors import KvsimError
-from kvsim.occupancy import FREE, block_intervals, owners_at
 from kvsim.plots._common import COLORS, thin, write_output  # also selects the Agg backend
 from kvsim.plots.occupancy_map import OWNER_PALETTE, STATE_CMAP
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvsim._specio import CostModelError, fraction, positive_int
-from kvsim.gpuspec import GPUSpec
-from kvsim.modelspec import ModelSpec
-from kvsim.sharding import check_tp, shard_model
+from kvsim.costmodel.gpuspec import GPUSpec
+from kvsim.costmodel.modelspec import ModelSpec
+from kvsim.costmodel.sharding import check_tp, shard_model
+from kvsim.costmodel.specio import CostModelError, fraction, positive_int
 
 _GIB = float(1 << 30)
 # Memory outside torch's activations that vLLM's profiling run also charges: cuBLAS workspaces,

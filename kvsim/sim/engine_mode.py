@@ -12,19 +12,16 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Sequence as TokenIds
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import Scheduler, SchedulerOutput
 from kvsim.config import ConfigError, RunConfig
-from kvsim.sim import Progress
 from workloads import Request
 
 if TYPE_CHECKING:
     from engine import LLMEngine
-    from kvsim.runner import RunResult
 
 # Token ids stay clear of the few lowest ids (often BOS/EOS/PAD in real vocabularies).
 FIRST_TOKEN_ID = 3
@@ -110,48 +107,6 @@ def build_llm(config: RunConfig) -> LLMEngine:
         )
     except (ValueError, OSError, RuntimeError) as exc:
         raise ConfigError(f"engine mode: cannot build model {config.model!r}: {exc}") from None
-
-
-def run_engine_mode(
-    config: RunConfig,
-    progress: Progress | None = None,
-    events_path: Path | None = None,
-    *,
-    keep_events: bool = True,
-) -> RunResult:
-    """Replay ``config``'s trace through the torch engine, timing every step."""
-    from kvsim.runner import load_workload, simulate
-
-    trace_path, trace = load_workload(config)
-    llm = build_llm(config)
-    scheduler = llm.scheduler
-    block_manager = llm.block_manager
-    resolved: dict[str, Any] = {
-        "trace_path": str(trace_path),
-        "trace_name": trace.name,
-        "num_blocks": block_manager.num_blocks,
-        "max_model_len": scheduler.config.max_model_len,
-        "engine": {
-            "model": config.model,
-            "device": str(llm.kv_cache.key_cache[0].device),
-            "dtype": config.dtype,
-            "kv_cache_bytes": llm.kv_cache.num_bytes,
-        },
-    }
-    tokens_of = PromptTokens(llm.model_config.vocab_size, config.seed, trace.hash_block_size)
-    return simulate(
-        config,
-        trace,
-        block_manager.num_blocks,
-        scheduler.config.max_model_len,
-        EngineExecutor(llm),
-        resolved,
-        progress,
-        scheduler=scheduler,
-        prompt_tokens_of=tokens_of,
-        events_path=events_path,
-        keep_events=keep_events,
-    )
 
 
 def prompt_token_ids(

@@ -16,7 +16,7 @@ from typing import cast
 from engine import BlockManager, Scheduler, SchedulerOutput
 from engine.contiguous import POLICIES, ContiguousAllocator
 from kvsim.config import ALLOCATORS
-from kvsim.executor import CostModelExecutor
+from kvsim.sim.executor import CostModelExecutor
 
 __all__ = ["ALLOCATORS", "ContiguousCostExecutor", "build_allocator"]
 

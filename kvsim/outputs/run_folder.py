@@ -69,8 +69,8 @@ def write_run(result: RunResult, out: Path, *, plots: bool = True) -> Path:
 def _write_pictures(result: RunResult, folder: Path) -> None:
     """plots/*.png and report.html. The occupancy map and Gantt chart need the whole event
     stream; a streamed run reads it back unless it is too long to plot in reasonable time."""
+    from kvsim.outputs.report import build_report
     from kvsim.plots import PICTURES, write_run_plots
-    from kvsim.report import build_report
 
     events = result.events
     if events is None and (folder / "events.parquet").exists():

@@ -5,8 +5,7 @@ five integers: every per-model, per-GPU constant is folded in ``__init__``. The 
 independent terms, each a roofline max(FLOPs / achieved FLOP/s, bytes / achieved bytes/s) where
 both apply (formulas, units and sources: docs/costmodel.md).
 
-This module is also the cost model's public face: it re-exports the specs, presets and the memory
-planner, so callers import everything from ``kvsim.costmodel``.
+Callers import it, with the specs, presets and the memory planner, from ``kvsim.costmodel``.
 """
 
 from __future__ import annotations
@@ -16,41 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim._specio import (
-    CostModelError,
+from kvsim.costmodel.gpuspec import GPUSpec
+from kvsim.costmodel.modelspec import ModelSpec
+from kvsim.costmodel.sharding import shard_model
+from kvsim.costmodel.specio import (
     check_keys,
     fraction,
     nonnegative_float,
     read_json_object,
 )
-from kvsim.gpuspec import GPU_PRESETS, GPUSpec, load_gpu_spec, resolve_gpu
-from kvsim.hf_config import model_spec_from_hf_config, resolve_model
-from kvsim.memory_plan import MemoryPlan, default_activation_reserve, plan_num_blocks
-from kvsim.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
-from kvsim.sharding import ShardedModel, shard_model
-
-__all__ = [
-    "GPU_PRESETS",
-    "MODEL_PRESETS",
-    "BatchShape",
-    "CostCoefficients",
-    "CostModel",
-    "CostModelError",
-    "GPUSpec",
-    "MemoryPlan",
-    "ModelSpec",
-    "ShardedModel",
-    "causal_pairs",
-    "default_activation_reserve",
-    "estimate_num_params",
-    "load_coefficients",
-    "load_gpu_spec",
-    "model_spec_from_hf_config",
-    "plan_num_blocks",
-    "resolve_gpu",
-    "resolve_model",
-    "shard_model",
-]
 
 _EFFICIENCIES = (
     "mfu_efficiency",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvsim._specio import CostModelError, positive_int, read_json_object
-from kvsim.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
+from kvsim.costmodel.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
+from kvsim.costmodel.specio import CostModelError, positive_int, read_json_object
 
 # vLLM's dtype="auto" serves float32 checkpoints in 16-bit, and configs without a dtype are served
 # in float16, so the serving width is 2 bytes for every common value.

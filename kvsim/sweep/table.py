@@ -1,6 +1,6 @@
 """sweep.csv: one row per point, the SLO verdicts of a rate sweep, and the best points.
 
-Rows are built where the point ran (kvsim/sweep_exec.py) from its RunResult, so only a small
+Rows are built where the point ran (kvsim/sweep/execute.py) from its RunResult, so only a small
 dict travels back to the driver. Column definitions: docs/sweeps.md.
 """
 
@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvsim.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
-from kvsim.metrics import PERCENTILES
+from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
+from kvsim.analysis.metrics import PERCENTILES
 from kvsim.runner import RunResult
-from kvsim.sweep import SweepPoint, SweepSpec
+from kvsim.sweep.spec import SweepPoint, SweepSpec
 
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "e2e_latency_s", "queueing_delay_s")
 SUMMARY_COLUMNS = (
@@ -179,3 +180,19 @@ def best_points(frame: pd.DataFrame) -> list[Best]:
         at = values[values == target].index[0]
         out.append(Best(words, str(ok.loc[at, "label"]), fmt.format(target)))
     return out
+
+
+@dataclass(slots=True)
+class SweepResult:
+    """A written sweep folder: its spec, its table (one row per point) and how it was run."""
+
+    path: Path
+    spec: SweepSpec
+    table: pd.DataFrame
+    command: list[str]
+    wall_s: float
+    report_error: str | None = None  # the report could not be written (the rest was)
+
+    @property
+    def num_failed(self) -> int:
+        return int((self.table["status"] != "ok").sum())

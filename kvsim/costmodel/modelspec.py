@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kvsim._specio import CostModelError, nonempty_str, positive_int
+from kvsim.costmodel.specio import CostModelError, nonempty_str, positive_int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

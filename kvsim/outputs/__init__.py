@@ -1,0 +1,1 @@
+"""What a run leaves on disk: the run folder, its report.html, and Perfetto timelines."""
