@@ -2,6 +2,11 @@
 
 A run folder's config.json is ``RunConfig.to_dict()``; ``kvsim run --config config.json``
 rebuilds the same config, so a run can be repeated exactly.
+
+Each field is defined once, here: its type, default, help text and unit (``option(...)``
+metadata). The ``kvsim run`` and ``kvsim sweep`` options (kvsim/commands/options.py), the sweep's
+reproduce command and docs/options.md are all derived from these definitions, so adding an
+option means adding a field here, and its behaviour where it acts.
 """
 
 from __future__ import annotations
@@ -9,19 +14,52 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kvsim.costmodel.gpuspec import GPU_PRESETS
 from kvsim.errors import KvsimError
 
 Mode = Literal["cost", "engine"]
-MODES = ("cost", "engine")
-ALLOCATORS = ("paged", "max", "pow2", "oracle")  # kvsim.sim.allocators builds them
+Allocator = Literal["paged", "max", "pow2", "oracle"]  # kvsim.sim.allocators builds them
+MODES: tuple[str, ...] = typing.get_args(Mode)
+ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
+
+# How `kvsim sweep` offers a field: given once like `kvsim run` ("option"), as its own
+# comma-separated axis ("axis"), only through --param ("param"), or not at all ("no").
+SweepUse = Literal["option", "axis", "param", "no"]
 
 
 class ConfigError(KvsimError):
     """An option or a config.json field is invalid."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptionSpec:
+    """How a RunConfig field is offered to users.
+
+    ``unit`` is the CLI metavar and the unit column of docs/options.md; ``default_text`` says
+    what a None default means; ``flag`` is the CLI flag when it is not ``--field-name``.
+    """
+
+    help: str
+    unit: str = ""
+    flag: str | None = None
+    default_text: str | None = None
+    path: bool = False  # a file path (the CLI takes a Path; config.json stores the string)
+    run: bool = True  # offered by `kvsim run`
+    sweep: SweepUse = "option"
+    sweep_help: str | None = None  # the help of the sweep option, where it differs
+
+    def cli_flag(self, name: str) -> str:
+        return self.flag or "--" + name.replace("_", "-")
+
+
+def option(default: Any, **spec: Any) -> Any:
+    """A RunConfig field with its user-facing definition (see OptionSpec)."""
+    return dataclasses.field(default=default, metadata={"option": OptionSpec(**spec)})
 
 
 def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -42,38 +80,121 @@ def _positive_float(name: str, value: object, *, allow_none: bool = False) -> No
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
-    """One simulation. Units: tokens, blocks, seconds, requests per second.
+    """One simulation. Units: tokens, blocks, seconds, requests per second."""
 
-    ``num_blocks`` None means: plan it from GPU memory like vLLM
-    (``gpu_memory_utilization`` of the GPU, minus weights and activations).
-    ``max_model_len`` None means the model's own maximum length.
-    """
-
-    trace: str
-    mode: Mode = "cost"
-    model: str = "llama-2-7b"
-    gpu: str = "a100-80gb"
-    tp: int = 1
-    coefficients: str | None = None  # path of a cost-coefficient JSON override
-    block_size: int = 16
-    num_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
-    watermark: float = 0.01
-    rate: float | None = None
-    time_scale: float | None = None
-    concurrency: int | None = None
-    think_time_s: float = 0.0
-    seed: int = 0
-    until: float | None = None
-    allocator: str = "paged"  # paged, or a contiguous baseline: max, pow2, oracle
-    fast_decode: bool = True  # FastDecodeScheduler in cost mode; results identical either way
+    trace: str = option(
+        dataclasses.MISSING,
+        help="Trace file (.json/.jsonl/.csv) or shipped trace name",
+        run=False,
+        sweep="no",
+    )
+    mode: Mode = option(
+        "cost",
+        help="cost: step times from the cost model; engine: the torch engine runs every step",
+        sweep="no",
+    )
+    model: str = option(
+        "llama-2-7b", help="Model preset or a Hugging Face config.json path", unit="NAME|PATH"
+    )
+    gpu: str = option(
+        "a100-80gb",
+        help=f"GPU preset ({', '.join(GPU_PRESETS)}) or a GPU spec JSON file",
+        unit="NAME|PATH",
+    )
+    tp: int = option(1, help="Tensor-parallel GPUs", unit="GPUS")
+    coefficients: str | None = option(
+        None,
+        help="Cost-model coefficient overrides (JSON file)",
+        unit="FILE",
+        path=True,
+        default_text="none",
+    )
+    block_size: int = option(
+        16,
+        help="Tokens per KV block",
+        unit="TOKENS",
+        sweep="axis",
+        sweep_help="Block sizes to sweep, e.g. 1,2,4,8,16,32,64,128,256",
+    )
+    num_blocks: int | None = option(
+        None,
+        help="KV blocks in the pool",
+        unit="BLOCKS",
+        default_text="planned from GPU memory",
+        sweep_help="KV blocks (of the base block size, 16, when block sizes are swept: the "
+        "slots are held)",
+    )
+    gpu_memory_utilization: float = option(
+        0.9, help="Share of GPU memory for weights, activations and KV", unit="FRACTION"
+    )
+    max_num_seqs: int = option(256, help="Most sequences in one batch", unit="SEQS")
+    max_num_batched_tokens: int = option(
+        8192, help="Most tokens in one prefill step", unit="TOKENS"
+    )
+    max_model_len: int | None = option(
+        None,
+        help="Longest sequence, prompt + output",
+        unit="TOKENS",
+        default_text="the model's",
+    )
+    watermark: float = option(
+        0.01, help="Share of blocks kept free when admitting", unit="FRACTION"
+    )
+    rate: float | None = option(
+        None,
+        help="Rescale arrivals to this mean rate",
+        unit="REQ/S",
+        default_text="the trace's",
+        sweep="axis",
+        sweep_help="Request rates to sweep (requests/s), e.g. 1,2,4,8",
+    )
+    time_scale: float | None = option(
+        None, help="Multiply arrival times by this factor", unit="FACTOR", default_text="1"
+    )
+    concurrency: int | None = option(
+        None,
+        help="Closed loop: this many users, one request each in flight",
+        unit="USERS",
+        default_text="open loop",
+    )
+    think_time_s: float = option(
+        0.0,
+        help="Closed loop: mean think time between a user's requests",
+        unit="SECONDS",
+        flag="--think-time",
+    )
+    seed: int = option(0, help="Seed for every random choice", unit="INT")
+    until: float | None = option(
+        None, help="Stop at this simulated time", unit="SECONDS", default_text="the end"
+    )
+    allocator: Allocator = option(
+        "paged",
+        help="KV allocator: paged (vLLM), or a contiguous baseline reserving max_model_len "
+        "(max), prompt + next power of two of the output (pow2), or prompt + the exact "
+        "output (oracle)",
+        unit="NAME",
+        sweep="axis",
+        sweep_help="Allocators to sweep: paged, max, pow2, oracle (comma-separated)",
+    )
+    fast_decode: bool = option(
+        True,
+        help="FastDecodeScheduler in cost mode (results identical either way; False runs the "
+        "plain Scheduler, for comparisons)",
+        run=False,
+        sweep="param",
+    )
     # engine mode only
-    device: str = "cpu"
-    dtype: str = "float32"
-    threads: int | None = None  # torch CPU threads (None: torch's default)
+    device: str = option("cpu", help="Engine mode: cpu or cuda", unit="DEVICE", sweep="no")
+    dtype: str = option(
+        "float32", help="Engine mode: float32, bfloat16 or float16", unit="DTYPE", sweep="no"
+    )
+    threads: int | None = option(
+        None,
+        help="Engine mode: torch CPU threads",
+        unit="THREADS",
+        default_text="torch's choice",
+        sweep="param",
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -138,3 +259,8 @@ class RunConfig:
         if not isinstance(data, dict) or not isinstance(data.get("options"), dict):
             raise ConfigError(f"{path}: expected an object with an 'options' object")
         return cls.from_dict(data["options"], source=str(path))
+
+
+def option_specs() -> dict[str, OptionSpec]:
+    """Every RunConfig field's OptionSpec, in field order (the order of config.json)."""
+    return {f.name: f.metadata["option"] for f in dataclasses.fields(RunConfig)}

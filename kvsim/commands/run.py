@@ -13,8 +13,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engine import EngineError
-from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
 from kvsim.commands.console import console, fail
+from kvsim.commands.options import with_run_options
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
@@ -29,94 +29,34 @@ def default_out(trace: str) -> Path:
     return Path("runs") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
 
+@with_run_options("run")
 def run_command(
     trace: Annotated[
         str | None,
         typer.Argument(
-            help="Trace file (.json/.jsonl/.csv) or shipped trace name "
-            f"(default: {DEFAULT_TRACE_NAME})"
+            help="Trace file (.json/.jsonl/.csv) or shipped trace name",
+            show_default=DEFAULT_TRACE_NAME,
         ),
     ] = None,
     config_file: Annotated[
         Path | None,
         Opt("--config", help="Re-run a run folder's config.json (other options override it)"),
     ] = None,
-    mode: Annotated[
-        str | None, Opt(help="cost: step times from the cost model; engine: the torch engine")
+    options: dict[str, Any] | None = None,
+    gpu_spec: Annotated[
+        Path | None, Opt(help="GPU spec JSON file instead of a preset (same as --gpu FILE)")
     ] = None,
-    model: Annotated[
-        str | None,
-        Opt(help="Model preset or a Hugging Face config.json path (default: llama-2-7b)"),
+    out: Annotated[
+        Path | None, Opt(help="Run folder", show_default="runs/<trace>-<timestamp>")
     ] = None,
-    gpu: Annotated[
-        str | None,
-        Opt(help="GPU preset (a100-40gb, a100-80gb, h100-sxm, h200, l4) (default: a100-80gb)"),
-    ] = None,
-    gpu_spec: Annotated[Path | None, Opt(help="GPU spec JSON file instead of a preset")] = None,
-    tp: Annotated[int | None, Opt(help="Tensor-parallel GPUs (default: 1)")] = None,
-    coefficients: Annotated[
-        Path | None, Opt(help="Cost-model coefficient overrides (JSON)")
-    ] = None,
-    block_size: Annotated[int | None, Opt(help="Tokens per KV block (default: 16)")] = None,
-    num_blocks: Annotated[
-        int | None, Opt(help="KV blocks in the pool (default: planned from GPU memory)")
-    ] = None,
-    gpu_memory_utilization: Annotated[
-        float | None, Opt(help="Share of GPU memory for weights, activations and KV (default: 0.9)")
-    ] = None,
-    max_num_seqs: Annotated[
-        int | None, Opt(help="Most sequences in one batch (default: 256)")
-    ] = None,
-    max_num_batched_tokens: Annotated[
-        int | None, Opt(help="Most tokens in one prefill step (default: 8192)")
-    ] = None,
-    max_model_len: Annotated[
-        int | None, Opt(help="Longest sequence in tokens (default: the model's)")
-    ] = None,
-    watermark: Annotated[
-        float | None, Opt(help="Share of blocks kept free when admitting (default: 0.01)")
-    ] = None,
-    rate: Annotated[
-        float | None, Opt(help="Rescale arrivals to this mean rate (requests/s)")
-    ] = None,
-    time_scale: Annotated[float | None, Opt(help="Multiply arrival times by this factor")] = None,
-    concurrency: Annotated[
-        int | None, Opt(help="Closed loop: this many users, one request each in flight")
-    ] = None,
-    think_time: Annotated[
-        float | None, Opt(help="Closed loop: mean think time between a user's requests (s)")
-    ] = None,
-    seed: Annotated[int | None, Opt(help="Seed for every random choice (default: 0)")] = None,
-    until: Annotated[float | None, Opt(help="Stop at this simulated time (s)")] = None,
-    allocator: Annotated[
-        str | None,
-        Opt(
-            help="KV allocator: paged (vLLM), or a contiguous baseline reserving max_model_len "
-            "(max), prompt + next power of two of the output (pow2), or prompt + the exact "
-            "output (oracle) (default: paged)"
-        ),
-    ] = None,
-    device: Annotated[str | None, Opt(help="Engine mode: cpu or cuda")] = None,
-    dtype: Annotated[str | None, Opt(help="Engine mode: float32, bfloat16 or float16")] = None,
-    threads: Annotated[
-        int | None, Opt(help="Engine mode: torch CPU threads (default: torch's choice)")
-    ] = None,
-    out: Annotated[Path | None, Opt(help="Run folder (default: runs/<trace>-<timestamp>)")] = None,
     no_plots: Annotated[bool, Opt("--no-plots", help="Skip the PNG plots")] = False,
 ) -> None:
     """Simulate a trace through the engine's BlockManager and Scheduler; write a run folder."""
-    options: dict[str, Any] = {
-        "trace": trace, "mode": mode, "model": model, "gpu": str(gpu_spec) if gpu_spec else gpu,
-        "tp": tp, "coefficients": str(coefficients) if coefficients else None,
-        "block_size": block_size, "num_blocks": num_blocks,
-        "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
-        "watermark": watermark, "rate": rate, "time_scale": time_scale,
-        "concurrency": concurrency, "think_time_s": think_time, "seed": seed, "until": until,
-        "allocator": allocator,
-        "device": device, "dtype": dtype, "threads": threads,
-    }  # fmt: skip
-    given = {k: v for k, v in options.items() if v is not None}
+    given = dict(options or {})
+    if trace is not None:
+        given["trace"] = trace
+    if gpu_spec is not None:
+        given["gpu"] = str(gpu_spec)
     try:
         if config_file is not None:
             config = RunConfig.load(config_file).replace(**given)
@@ -177,6 +117,8 @@ def _fmt(value: Any, unit: str = "") -> str:
 
 
 def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
+    from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
+
     table = Table(title="kvsim run", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvsim.commands.console import console, fail
+from kvsim.commands.options import with_run_options
 from kvsim.commands.run import USER_ERRORS
 from kvsim.config import RunConfig
 from workloads import DEFAULT_TRACE_NAME
@@ -23,60 +24,39 @@ def default_out(trace: str) -> Path:
     return Path("sweeps") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
 
+@with_run_options("sweep")
 def sweep_command(
     trace: Annotated[
         str | None,
-        typer.Argument(help=f"Trace file or shipped trace name [default: {DEFAULT_TRACE_NAME}]"),
-    ] = None,
-    block_size: Annotated[
-        str | None, Opt(help="Block sizes to sweep, e.g. 1,2,4,8,16,32,64,128,256")
-    ] = None,
-    allocator: Annotated[
-        str | None, Opt(help="Allocators to sweep: paged, max, pow2, oracle (comma-separated)")
-    ] = None,
-    rate: Annotated[
-        str | None, Opt(help="Request rates to sweep (requests/s), e.g. 1,2,4,8")
+        typer.Argument(help="Trace file or shipped trace name", show_default=DEFAULT_TRACE_NAME),
     ] = None,
     param: Annotated[
         list[str] | None,
         Opt(help="Sweep any run option: name=v1,v2,... (repeatable), e.g. max_num_seqs=64,128"),
     ] = None,
     kv_slots: Annotated[
-        int | None, Opt(help="Hold this many KV slots: num_blocks = slots / block size")
+        int | None,
+        Opt(help="Hold this many KV slots: num_blocks = slots / block size", metavar="SLOTS"),
     ] = None,
     config_file: Annotated[
         Path | None, Opt("--config", help="Base run options from a run folder's config.json")
     ] = None,
-    model: Annotated[
-        str | None, Opt(help="Model preset or HF config.json [default: llama-2-7b]")
+    options: dict[str, Any] | None = None,
+    slo_ttft: Annotated[
+        float | None, Opt(help="Rate sweep SLO: TTFT bound", metavar="SECONDS")
     ] = None,
-    gpu: Annotated[str | None, Opt(help="GPU preset [default: a100-80gb]")] = None,
-    tp: Annotated[int | None, Opt(help="Tensor-parallel GPUs [default: 1]")] = None,
-    coefficients: Annotated[Path | None, Opt(help="Cost-model coefficient overrides")] = None,
-    num_blocks: Annotated[
-        int | None,
-        Opt(
-            help="KV blocks (of the base block size, 16, when block sizes are swept: the slots "
-            "are held)"
-        ),
+    slo_tpot: Annotated[
+        float | None, Opt(help="Rate sweep SLO: TPOT bound", metavar="SECONDS")
     ] = None,
-    gpu_memory_utilization: Annotated[float | None, Opt(help="[default: 0.9]")] = None,
-    max_num_seqs: Annotated[int | None, Opt(help="[default: 256]")] = None,
-    max_num_batched_tokens: Annotated[int | None, Opt(help="[default: 8192]")] = None,
-    max_model_len: Annotated[int | None, Opt(help="(default: the model's)")] = None,
-    watermark: Annotated[float | None, Opt(help="[default: 0.01]")] = None,
-    time_scale: Annotated[float | None, Opt(help="Multiply arrival times by this")] = None,
-    concurrency: Annotated[int | None, Opt(help="Closed loop with this many users")] = None,
-    think_time: Annotated[float | None, Opt(help="Closed loop think time (s)")] = None,
-    seed: Annotated[int | None, Opt(help="[default: 0]")] = None,
-    until: Annotated[float | None, Opt(help="Stop each run at this simulated time (s)")] = None,
-    slo_ttft: Annotated[float | None, Opt(help="Rate sweep SLO: TTFT bound (s)")] = None,
-    slo_tpot: Annotated[float | None, Opt(help="Rate sweep SLO: TPOT bound (s)")] = None,
     slo_percentile: Annotated[int, Opt(help="Percentile the SLO applies to: 50, 90 or 99")] = 99,
-    jobs: Annotated[int | None, Opt(help="Parallel points (default: the CPU count)")] = None,
+    jobs: Annotated[int | None, Opt(help="Parallel points", show_default="the CPU count")] = None,
     executor: Annotated[str, Opt(help="process (local pool), serial, or ray")] = "process",
-    address: Annotated[str | None, Opt(help="Ray cluster address (default: a local Ray)")] = None,
-    out: Annotated[Path | None, Opt(help="Sweep folder [default: sweeps/<trace>-<time>]")] = None,
+    address: Annotated[
+        str | None, Opt(help="Ray cluster address", show_default="a local Ray")
+    ] = None,
+    out: Annotated[
+        Path | None, Opt(help="Sweep folder", show_default="sweeps/<trace>-<time>")
+    ] = None,
     events: Annotated[
         bool,
         Opt(
@@ -91,26 +71,10 @@ def sweep_command(
     ] = False,
 ) -> None:
     """Run one simulation per point of a grid over run options; write sweep.csv and a report."""
-    from kvsim.sweep.spec import make_spec, parse_param, parse_values
+    from kvsim.sweep.spec import AXIS_OPTIONS, make_spec, parse_param, parse_values
 
-    options: dict[str, Any] = {
-        "model": model,
-        "gpu": gpu,
-        "tp": tp,
-        "coefficients": str(coefficients) if coefficients else None,
-        "num_blocks": num_blocks,
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "max_model_len": max_model_len,
-        "watermark": watermark,
-        "time_scale": time_scale,
-        "concurrency": concurrency,
-        "think_time_s": think_time,
-        "seed": seed,
-        "until": until,
-    }
-    given = {k: v for k, v in options.items() if v is not None}
+    given = dict(options or {})
+    axis_values = {name: given.pop(name) for name in AXIS_OPTIONS if name in given}
     if trace is not None:
         given["trace"] = trace
     try:
@@ -118,11 +82,7 @@ def sweep_command(
             base = RunConfig.load(config_file).replace(**given)
         else:
             base = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
-        axes = [
-            (n, parse_values(n, v))
-            for n, v in (("block_size", block_size), ("allocator", allocator), ("rate", rate))
-            if v
-        ]
+        axes = [(n, parse_values(n, v)) for n, v in axis_values.items() if v]
         axes += [parse_param(p) for p in param or []]
         spec = make_spec(
             base,

@@ -57,7 +57,8 @@ class PromptTokens:
                 tokens = np.concatenate([tokens, self._request_tokens(request, n - len(tokens))])
         else:
             tokens = self._request_tokens(request, n)
-        return tokens.tolist()
+        ids: list[int] = tokens.tolist()
+        return ids
 
     def _request_tokens(self, request: Request, n: int) -> np.ndarray:
         # crc32 of the id (not hash()) so the tokens do not change between Python processes.

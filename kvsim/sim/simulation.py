@@ -171,6 +171,9 @@ class Simulation:
         if seq_id is not None and self.scheduler.abort(seq_id):
             self._finish(seq_id)
 
+    def _cancel(self, request_id: str, _deadline: simpy.Event) -> None:
+        self.abort(request_id)
+
     def _finish(self, seq_id: int) -> None:
         self._num_done += 1
         if self._closed_loop:
@@ -188,7 +191,7 @@ class Simulation:
             self.submit(request)
             if request.cancel_after_s is not None:
                 deadline = env.timeout(request.cancel_after_s)
-                deadline.callbacks.append(lambda _, rid=request.request_id: self.abort(rid))
+                deadline.callbacks.append(functools.partial(self._cancel, request.request_id))
         self._all_submitted = True
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.analysis.metrics import PERCENTILES
-from kvsim.config import ConfigError, RunConfig
+from kvsim.config import ConfigError, RunConfig, option_specs
 from kvsim.errors import KvsimError
 
-# Axes named by their own option; every other field goes through --param.
-OWN_OPTIONS = {"block_size": "--block-size", "allocator": "--allocator", "rate": "--rate"}
-NOT_SWEEPABLE = ("trace", "mode", "device", "dtype")  # one trace; cost mode (engine: one run)
+# From RunConfig's option definitions: the fields with their own comma-list axis option, and
+# those a sweep cannot vary (one trace; cost mode: an engine run is one measurement).
+AXIS_OPTIONS = tuple(n for n, spec in option_specs().items() if spec.sweep == "axis")
+NOT_SWEEPABLE = tuple(n for n, spec in option_specs().items() if spec.sweep == "no")
 MAX_POINTS = 10_000
 
 
@@ -216,22 +217,9 @@ def make_spec(base: RunConfig, axes: list[Axis], **options: Any) -> SweepSpec:
 
 # RunConfig fields with their own `kvsim sweep` option (the rest are written as --param).
 FIELD_OPTIONS = {
-    **OWN_OPTIONS,
-    "model": "--model",
-    "gpu": "--gpu",
-    "tp": "--tp",
-    "coefficients": "--coefficients",
-    "num_blocks": "--num-blocks",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_model_len": "--max-model-len",
-    "watermark": "--watermark",
-    "time_scale": "--time-scale",
-    "concurrency": "--concurrency",
-    "think_time_s": "--think-time",
-    "seed": "--seed",
-    "until": "--until",
+    name: spec.cli_flag(name)
+    for name, spec in option_specs().items()
+    if spec.sweep in ("option", "axis")
 }
 
 
@@ -276,6 +264,6 @@ def command_line(spec: SweepSpec) -> list[str]:
 def _option(name: str, values: tuple[Any, ...]) -> list[str]:
     joined = ",".join(format_value(v) for v in values)
     flag = FIELD_OPTIONS.get(name)
-    if flag is None or (len(values) > 1 and name not in OWN_OPTIONS):
+    if flag is None or (len(values) > 1 and name not in AXIS_OPTIONS):
         return ["--param", f"{name}={joined}"]
     return [flag, joined]

@@ -1,0 +1,189 @@
+"""The package layout docs/architecture.md describes: no import circles, imports only go down
+the layers, and kvsim/ stays a small top level over its subpackages.
+
+Every import counts, those inside functions and under ``if TYPE_CHECKING:`` included; only a
+package ``__init__`` re-exporting its own modules is exempt (Python imports it on the way to
+any of its modules, so it cannot be a layer of its own).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("engine", "workloads", "kvsim")
+
+# kvsim's layers, top to bottom: each may import only the layers below it (and engine /
+# workloads). docs/architecture.md shows the same order.
+KVSIM_LAYERS = (
+    ("kvsim.cli", "kvsim.__main__"),
+    ("kvsim.commands",),
+    ("kvsim.sweep",),
+    ("kvsim.outputs",),
+    ("kvsim.plots",),
+    ("kvsim.runner",),
+    ("kvsim.analysis",),
+    ("kvsim.sim",),
+    ("kvsim.config",),
+    ("kvsim.costmodel",),
+    ("kvsim.atomic", "kvsim.errors"),
+)
+
+
+def module_files() -> dict[str, Path]:
+    files = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            files[".".join(parts)] = path
+    return files
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports, anywhere in its body."""
+
+    def resolve(target: str) -> str | None:
+        parts = target.split(".")
+        while parts and ".".join(parts) not in known:
+            parts.pop()
+        return ".".join(parts) or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + [base] * bool(base))
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        found |= {m for t in targets if (m := resolve(t)) is not None and m != name}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    graph = {name: imported_modules(name, path, known) for name, path in files.items()}
+    for name, path in files.items():
+        if path.name == "__init__.py":  # re-exports of the package's own modules
+            graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    for rank, layer in enumerate(KVSIM_LAYERS):
+        if any(module == top or module.startswith(top + ".") for top in layer):
+            return rank
+    return None
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_kvsim_imports_only_go_down_its_layers() -> None:
+    graph = import_graph()
+    upward = []
+    for module, targets in graph.items():
+        rank = layer_of(module)
+        if module == "kvsim" or rank is None:
+            continue
+        for target in targets:
+            target_rank = layer_of(target)
+            if target_rank is not None and target_rank < rank:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_every_kvsim_module_belongs_to_a_layer() -> None:
+    unplaced = [m for m in module_files() if m.startswith("kvsim.") and layer_of(m) is None]
+    assert unplaced == []
+
+
+def test_engine_and_workloads_import_nothing_of_kvsim_or_each_other() -> None:
+    graph = import_graph()
+    for module, targets in graph.items():
+        top = module.split(".")[0]
+        if top == "engine":
+            assert not {t for t in targets if not t.startswith("engine")}, module
+        if top == "workloads":
+            assert not {t for t in targets if not t.startswith("workloads")}, module
+
+
+def test_kvsim_top_level_is_small() -> None:
+    kvsim = ROOT / "kvsim"
+    modules = [p.name for p in kvsim.glob("*.py")]
+    subpackages = [p.name for p in kvsim.iterdir() if (p / "__init__.py").exists()]
+    assert len(modules) <= 8, modules
+    assert len(subpackages) >= 4, subpackages
+
+
+def test_the_cli_starts_without_the_heavy_libraries() -> None:
+    """`kvsim --help` (and every command's start) must not pay for pandas, pyarrow,
+    matplotlib or torch: commands import them where they are used."""
+    code = (
+        "import sys, kvsim.cli, kvsim; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'pandas', 'pyarrow', 'matplotlib', 'torch'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
