@@ -37,8 +37,11 @@ def resolve_trace(arg: str | Path) -> Path:
         WorkloadError: neither exists (the message lists the shipped names).
     """
     path = Path(arg)
-    if path.exists():
-        return path
+    try:
+        if path.exists():
+            return path
+    except OSError as err:  # e.g. a name too long for the file system
+        raise WorkloadError(f"{arg}: {err.strerror or err}") from None
     try:
         return shipped_trace_path(str(arg))
     except WorkloadError:

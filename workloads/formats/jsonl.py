@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workloads.errors import TraceFormatError
+from workloads.errors import TraceFormatError, int_or_oversized
 from workloads.formats.records import (
     VERSION_KEY,
     DuplicateTracker,
@@ -21,12 +21,26 @@ from workloads.formats.textio import atomic_text_writer, iter_lines
 from workloads.request import Request, Trace
 
 _DECODER = json.JSONDecoder()  # stateless; skips json.loads' per-call argument handling
+# Only after _DECODER failed on an integer too long for int() (a rare error path, so the hot
+# path keeps the C scanner's own int parsing): keeps such integers as OversizedInteger so the
+# field that holds one is named in the error.
+_OVERSIZED_DECODER = json.JSONDecoder(parse_int=int_or_oversized)
 
 
 def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any:
-    """``json.loads`` a line (``line`` given) or a whole document, locating syntax errors."""
+    """``json.loads`` a line (``line`` given) or a whole document, locating syntax errors.
+
+    Raises only TraceFormatError: an integer of more than 4,300 digits becomes an
+    OversizedInteger for the field's check to refuse, nesting deeper than Python's recursion
+    limit is malformed JSON.
+    """
     try:
-        return _DECODER.decode(text)
+        try:
+            return _DECODER.decode(text)
+        except ValueError as err:
+            if isinstance(err, json.JSONDecodeError):
+                raise
+            return _OVERSIZED_DECODER.decode(text)  # int() refused a literal's length
     except json.JSONDecodeError as err:
         if line is None:
             line, column = err.lineno, err.colno
@@ -34,6 +48,10 @@ def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any
             column = min(err.pos, len(text.rstrip("\r\n"))) + 1
         raise TraceFormatError(
             f"malformed JSON: {err.msg} at column {column}", path=path, line=line
+        ) from None
+    except RecursionError:
+        raise TraceFormatError(
+            "malformed JSON: arrays or objects nested too deeply", path=path, line=line
         ) from None
 
 
