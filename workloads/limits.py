@@ -24,6 +24,11 @@ MIN_INT64 = -(2**63)
 MAX_INT64 = 2**63 - 1
 MAX_UINT64 = 2**64 - 1
 
+# Characters of a request_id, session_id or trace name. Real ids are UUIDs or hashes (36-64);
+# the bound keeps every id inside Python's 131,072-character CSV cell limit (so any trace can be
+# saved as CSV and read back) and ids usable as labels.
+MAX_ID_CHARS = 1024
+
 # One line of a JSON Lines or CSV file (its line end included), bytes. A record holds a few
 # numbers and at most ceil(prompt / hash_block_size) hash ids; 1 MiB is ample, and the cap keeps
 # a file with no line ends (e.g. a copy of /dev/zero) from filling memory.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,35 @@ def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any
             f"malformed JSON: {err.msg} at column {column}", path=path, line=line
         ) from None
     except RecursionError:
+        if line is None:  # a whole document: find the line, so the error can name it
+            line, column = _deep_position(text)
+        else:
+            column = _deep_position(text)[1]
         raise TraceFormatError(
-            "malformed JSON: arrays or objects nested too deeply", path=path, line=line
+            f"malformed JSON: arrays or objects nested too deeply (more than {_DEEP} levels "
+            f"at column {column})",
+            path=path,
+            line=line,
         ) from None
+
+
+_DEEP = 100  # a kvsim record nests 3 levels; Python's parser gives up near 1,000
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _deep_position(text: str) -> tuple[int, int]:
+    """1-based line and column where ``text`` first nests more than _DEEP levels (error path)."""
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > _DEEP:
+                start = match.start()
+                return text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+        elif token in "]}":
+            depth -= 1
+    return 1, 1
 
 
 def load_jsonl(path: str | Path) -> Trace:
