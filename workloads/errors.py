@@ -89,6 +89,12 @@ class OversizedInteger:
         return f"{sign} integer of {self.digits:,} digits"
 
 
+def shorten(text: str, limit: int = _MAX_SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (ending in ``...``), so a message never echoes a
+    whole hostile input."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def int_or_oversized(literal: str) -> int | OversizedInteger:
     """``int(literal)`` of an ASCII integer literal (sign, digits, maybe surrounding spaces), or
     an OversizedInteger when it has more than MAX_INTEGER_DIGITS significant digits. Used as the

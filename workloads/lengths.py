@@ -21,7 +21,13 @@ from enum import Enum
 
 import numpy as np
 
-from workloads.errors import OversizedInteger, SpecError, int_or_oversized, show_value
+from workloads.errors import (
+    OversizedInteger,
+    SpecError,
+    int_or_oversized,
+    shorten,
+    show_value,
+)
 from workloads.formats import load_trace
 from workloads.limits import MAX_CV, MAX_TOKENS
 from workloads.shipped import resolve_trace
@@ -55,26 +61,28 @@ _INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 _DECIMAL = re.compile(r"\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
 
 
+def _bad_spec(spec: str, problem: str) -> SpecError:
+    return SpecError(f"bad length SPEC {shorten(spec)!r}: {problem}")
+
+
 def _int(text: str, spec: str) -> int:
     if not _INTEGER.fullmatch(text):
-        raise SpecError(f"bad length SPEC {spec!r}: {text!r} is not an integer")
+        raise _bad_spec(spec, f"{shorten(text)!r} is not an integer")
     value = int_or_oversized(text)
     if isinstance(value, OversizedInteger) or not 1 <= value <= MAX_TOKENS:
-        raise SpecError(
-            f"bad length SPEC {spec!r}: lengths must be >= 1 and <= {MAX_TOKENS} (2^30 tokens), "
-            f"got {show_value(value)}"
+        raise _bad_spec(
+            spec, f"lengths must be >= 1 and <= {MAX_TOKENS} (2^30 tokens), got {show_value(value)}"
         )
     return value
 
 
 def _number(text: str, spec: str, low: float, high: float, what: str) -> float:
     if not _DECIMAL.fullmatch(text):
-        raise SpecError(f"bad length SPEC {spec!r}: {text!r} is not a number")
+        raise _bad_spec(spec, f"{shorten(text)!r} is not a number")
     value = float(text)
     if not low <= value <= high:
-        raise SpecError(
-            f"bad length SPEC {spec!r}: {text!r} is out of range ({what} must be from {low:g} "
-            f"to {high:g})"
+        raise _bad_spec(
+            spec, f"{shorten(text)!r} is out of range ({what} must be from {low:g} to {high:g})"
         )
     return value
 
@@ -86,7 +94,7 @@ def parse_length_spec(spec: str) -> LengthSpec:
     numbers use ASCII digits.
     """
     if type(spec) is not str:
-        raise SpecError(f"a length SPEC must be a string, got {spec!r}")
+        raise SpecError(f"a length SPEC must be a string, got {shorten(repr(spec))}")
     kind, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []
     if not rest and _INTEGER.fullmatch(kind):
@@ -96,7 +104,7 @@ def parse_length_spec(spec: str) -> LengthSpec:
     if kind == "uniform" and len(args) == 2:
         low, high = _int(args[0], spec), _int(args[1], spec)
         if low > high:
-            raise SpecError(f"bad length SPEC {spec!r}: LO must be <= HI")
+            raise _bad_spec(spec, "LO must be <= HI")
         return LengthSpec(kind=LengthKind.UNIFORM, params=(low, high))
     if kind == "lognormal" and len(args) in (2, 3):
         mean = _number(args[0], spec, 1, MAX_TOKENS, "MEAN")
@@ -105,7 +113,7 @@ def parse_length_spec(spec: str) -> LengthSpec:
         return LengthSpec(kind=LengthKind.LOGNORMAL, params=(mean, cv, cap))
     if kind == "trace" and rest:
         return LengthSpec(kind=LengthKind.TRACE, source=rest)
-    raise SpecError(f"bad length SPEC {spec!r}; expected {SPEC_HELP}")
+    raise SpecError(f"bad length SPEC {shorten(spec)!r}; expected {SPEC_HELP}")
 
 
 def trace_lengths(source: str) -> tuple[np.ndarray, np.ndarray]:
