@@ -3,7 +3,7 @@ one short printable line that names the file, the line (or record) and the field
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -89,3 +89,18 @@ def check_trace(trace: Trace, tmp: Path) -> None:
 def files_in(folder: Path) -> set[str]:
     """Names in ``folder``, hidden temporaries included."""
     return {path.name for path in folder.iterdir()}
+
+
+def each_case(cases: Iterable[T], check: Callable[[T], None]) -> int:
+    """Run ``check`` on every case (many cases per test: pytest's per-test cost would dominate),
+    then fail naming every case that failed. Returns the number of cases."""
+    failures = []
+    count = 0
+    for case in cases:
+        count += 1
+        try:
+            check(case)
+        except AssertionError as err:
+            failures.append(f"{ascii(case)[:80]}: {str(err)[:300]}")
+    assert not failures, f"{len(failures)} of {count} cases failed:\n" + "\n".join(failures)
+    return count

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile import check_located, check_message, check_trace, files_in, outcome
+from hostile import check_located, check_message, check_trace, each_case, files_in, outcome
 
 from workloads import (
     ArrivalProcess,
@@ -243,23 +243,26 @@ COUNTS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("count", COUNTS, ids=str)
 @pytest.mark.parametrize("arrival", ARRIVALS, ids=str)
-def test_generator_options(case_dir: Path, arrival: dict[str, Any], count: dict[str, Any]) -> None:
-    def run() -> Trace:
-        trace = generate_trace(
-            arrivals=ArrivalProcess(**arrival), prompt="fixed:4", output="fixed:2", **count
-        )
-        save_trace(trace, case_dir / "out.jsonl")
-        return trace
+def test_generator_options(case_dir: Path, arrival: dict[str, Any]) -> None:
+    def check(count: dict[str, Any]) -> None:
+        def run() -> Trace:
+            trace = generate_trace(
+                arrivals=ArrivalProcess(**arrival), prompt="fixed:4", output="fixed:2", **count
+            )
+            save_trace(trace, case_dir / "out.jsonl")
+            return trace
 
-    result = outcome(run)
-    if isinstance(result, WorkloadError):
-        check_message(result)
-        assert files_in(case_dir) == set()
-    else:
-        check_trace(result, case_dir)
-        assert len(result) <= MAX_GENERATED_REQUESTS
+        result = outcome(run)
+        if isinstance(result, WorkloadError):
+            check_message(result)
+            assert files_in(case_dir) == set()
+        else:
+            check_trace(result, case_dir)
+            assert len(result) <= MAX_GENERATED_REQUESTS
+            (case_dir / "out.jsonl").unlink()
+
+    each_case(COUNTS, check)
 
 
 @pytest.mark.parametrize("seed", [-1, 1.5, True, "7", 2**200, np.int64(3), None], ids=str)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hostile import check_located, check_message, check_trace, outcome
+from hostile import check_located, check_message, check_trace, each_case, outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,29 +81,33 @@ def _record_fields(field: str) -> tuple[str | None, ...]:
     return (field, None, "hash_ids")
 
 
-@pytest.mark.parametrize("value", JSON_VALUES, ids=lambda v: v[:24])
 @pytest.mark.parametrize("field", FIELDS)
-def test_jsonl_field_values(put: Write, case_dir: Path, field: str, value: str) -> None:
-    path = put("t.jsonl", f"{META}\n{OK0}\n\n{_record(field, value)}\n")
-    result = outcome(lambda: load_trace(path))
-    if isinstance(result, Trace):
-        check_trace(result, case_dir)
-    else:
-        check_located(result, path, line=4, fields=_record_fields(field))
+def test_jsonl_field_values(put: Write, case_dir: Path, field: str) -> None:
+    def check(value: str) -> None:
+        path = put("t.jsonl", f"{META}\n{OK0}\n\n{_record(field, value)}\n")
+        result = outcome(lambda: load_trace(path))
+        if isinstance(result, Trace):
+            check_trace(result, case_dir)
+        else:
+            check_located(result, path, line=4, fields=_record_fields(field))
+
+    assert each_case(JSON_VALUES, check) == len(JSON_VALUES)
 
 
-@pytest.mark.parametrize("value", JSON_VALUES[::3], ids=lambda v: v[:24])
 @pytest.mark.parametrize("field", FIELDS)
-def test_json_document_field_values(put: Write, case_dir: Path, field: str, value: str) -> None:
-    document = f'{META[:-1]}, "requests": [\n{OK0},\n{_record(field, value)}]}}'
-    path = put("t.json", document)
-    result = outcome(lambda: load_trace(path))
-    if isinstance(result, Trace):
-        check_trace(result, case_dir)
-    elif isinstance(result, TraceFormatError) and result.record is None:
-        check_located(result, path, line=3, fields=(None,))  # malformed JSON: a line, no field
-    else:
-        check_located(result, path, record=1, fields=_record_fields(field))
+def test_json_document_field_values(put: Write, case_dir: Path, field: str) -> None:
+    def check(value: str) -> None:
+        document = f'{META[:-1]}, "requests": [\n{OK0},\n{_record(field, value)}]}}'
+        path = put("t.json", document)
+        result = outcome(lambda: load_trace(path))
+        if isinstance(result, Trace):
+            check_trace(result, case_dir)
+        elif isinstance(result, TraceFormatError) and result.record is None:
+            check_located(result, path, line=3, fields=(None,))  # malformed JSON: no field
+        else:
+            check_located(result, path, record=1, fields=_record_fields(field))
+
+    each_case(JSON_VALUES, check)
 
 
 @pytest.mark.parametrize(
@@ -132,23 +136,26 @@ CSV_CELLS = [
 CSV_COLUMNS = [*FIELDS[:5], "session_id", "cancel_after_s", "priority"]
 
 
-@pytest.mark.parametrize("cell", CSV_CELLS, ids=lambda v: v[:24])
 @pytest.mark.parametrize("column", CSV_COLUMNS)
-def test_csv_cells(put: Write, case_dir: Path, column: str, cell: str) -> None:
+def test_csv_cells(put: Write, case_dir: Path, column: str) -> None:
     header = ",".join(CSV_COLUMNS)
     good = {"request_id": "r0", "arrival_time_s": "0", "prompt_tokens": "8", "output_tokens": "4"}
-    row = {**good, "request_id": "r1", column: cell}
-    lines = [f"# {META}", header, ",".join(good.get(c, "") for c in CSV_COLUMNS)]
-    lines.append(",".join(row.get(c, "") for c in CSV_COLUMNS))
-    path = put("t.csv", "\n".join(lines) + "\n")
-    result = outcome(lambda: load_trace(path))
-    if isinstance(result, Trace):
-        check_trace(result, case_dir)
-    else:
-        assert isinstance(result, TraceFormatError)
-        # a quoted cell may run onto the next physical line; csv errors name no field
-        assert result.line in (4, 5), str(result)
-        check_located(result, path, fields=(column, None, "hash_ids"))
+
+    def check(cell: str) -> None:
+        row = {**good, "request_id": "r1", column: cell}
+        lines = [f"# {META}", header, ",".join(good.get(c, "") for c in CSV_COLUMNS)]
+        lines.append(",".join(row.get(c, "") for c in CSV_COLUMNS))
+        path = put("t.csv", "\n".join(lines) + "\n")
+        result = outcome(lambda: load_trace(path))
+        if isinstance(result, Trace):
+            check_trace(result, case_dir)
+        else:
+            assert isinstance(result, TraceFormatError)
+            # a quoted cell may run onto the next physical line; csv errors name no field
+            assert result.line in (4, 5), str(result)
+            check_located(result, path, fields=(column, None, "hash_ids"))
+
+    each_case(CSV_CELLS, check)
 
 
 def test_surrogate_ids_are_refused_naming_record_and_field(write: Write) -> None:
