@@ -82,7 +82,7 @@ def _number(text: str, spec: str, low: float, high: float, what: str) -> float:
     value = float(text)
     if not low <= value <= high:
         raise _bad_spec(
-            spec, f"{shorten(text)!r} is out of range ({what} must be from {low:g} to {high:g})"
+            spec, f"{shorten(text)!r} is out of range ({what} must be from {low:g} to {high:.10g})"
         )
     return value
 
