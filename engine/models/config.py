@@ -22,7 +22,7 @@ class ModelConfigError(EngineError, ValueError):
     """A config.json (or preset) the engine cannot build a model from; names the bad field."""
 
 
-_MAX_SIZE = 2**31 - 1  # sizes and counts are int32 in the kernels and in torch shapes
+_MAX_SIZE = 2**31 - 1  # a size past int32 is a typo, not a model
 _MAX_SHOWN_CHARS = 60
 _REQUIRED = object()
 
@@ -37,7 +37,7 @@ class LongInteger:
         self.digits = len(literal.lstrip("-"))
 
 
-def show_value(value: object) -> str:
+def _show_value(value: object) -> str:
     """A config value as JSON writes it (``null``, ``"x"``, ``[1, 2]``), shortened; never raises."""
     if isinstance(value, LongInteger):
         return f"an integer of {value.digits:,} digits"
@@ -49,10 +49,10 @@ def show_value(value: object) -> str:
 
 
 def _bad(name: str, rule: str, value: object) -> ModelConfigError:
-    return ModelConfigError(f"{name} must be {rule}, got {show_value(value)}")
+    return ModelConfigError(f"{name} must be {rule}, got {_show_value(value)}")
 
 
-def check_size(name: str, value: object) -> int:
+def _check_size(name: str, value: object) -> int:
     """``value`` if it is an integer from 1 to 2^31 - 1 (JSON integers only: no bool, no 4.0)."""
     if type(value) is not int or not 1 <= value <= _MAX_SIZE:
         raise _bad(name, f"a positive integer (at most {_MAX_SIZE})", value)
@@ -82,13 +82,13 @@ class RopeConfig:
     def __post_init__(self) -> None:
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelConfigError(
-                f"rope_type={show_value(self.rope_type)} is not supported "
+                f"rope_type={_show_value(self.rope_type)} is not supported "
                 f"(one of {SUPPORTED_ROPE_TYPES})"
             )
         _check_number("rope_theta", self.theta)
         for name in ("factor", "low_freq_factor", "high_freq_factor"):
             _check_number(name, getattr(self, name))
-        check_size("original_max_position_embeddings", self.original_max_position_embeddings)
+        _check_size("original_max_position_embeddings", self.original_max_position_embeddings)
         if self.rope_type == "llama3" and not self.low_freq_factor < self.high_freq_factor:
             # layers.rope_inv_freq divides by their difference
             raise ModelConfigError(
@@ -121,7 +121,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
-            check_size(name, getattr(self, name))
+            _check_size(name, getattr(self, name))
         _check_number("rms_norm_eps", self.rms_norm_eps)
         _check_number("initializer_range", self.initializer_range, positive=False)
         if self.num_attention_heads % self.num_key_value_heads:
@@ -163,14 +163,16 @@ class ModelConfig:
         model_type = _get(hf, "model_type", "llama", str)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelConfigError(
-                f"model_type={show_value(model_type)} is not supported "
+                f"model_type={_show_value(model_type)} is not supported "
                 f"(one of {SUPPORTED_MODEL_TYPES})"
             )
         hidden_act = _get(hf, "hidden_act", "silu", str)
         if hidden_act != "silu":
-            raise ModelConfigError(f"hidden_act={show_value(hidden_act)}: only 'silu' is supported")
-        hidden = check_size("hidden_size", _get(hf, "hidden_size"))
-        heads = check_size("num_attention_heads", _get(hf, "num_attention_heads"))
+            raise ModelConfigError(
+                f"hidden_act={_show_value(hidden_act)}: only 'silu' is supported"
+            )
+        hidden = _check_size("hidden_size", _get(hf, "hidden_size"))
+        heads = _check_size("num_attention_heads", _get(hf, "num_attention_heads"))
         attention_bias = _get(hf, "attention_bias", False, bool)
         return cls(
             model_type=model_type,
