@@ -110,9 +110,10 @@ class StackDistances:
 
     def hit_blocks(self, capacity_blocks: float) -> np.ndarray:
         """Per segment, the blocks that hit at ``capacity_blocks`` (``math.inf``: unlimited)."""
-        if math.isinf(capacity_blocks):
-            return self.count.copy()
-        return np.minimum(np.maximum(int(capacity_blocks) - self.first + 1, 0), self.count)
+        hits: np.ndarray = self.count.copy()
+        if not math.isinf(capacity_blocks):
+            np.minimum(np.maximum(int(capacity_blocks) - self.first + 1, 0), self.count, out=hits)
+        return hits
 
     def hit_blocks_per_request(self, capacity_blocks: float) -> np.ndarray:
         """Blocks each request hits at ``capacity_blocks``, in arrival order."""

@@ -68,7 +68,8 @@ class TouchSegments:
         """Per segment, how many of its blocks a lookup may hit (those below the request's
         ``num_lookup_blocks``)."""
         limit = self.num_lookup_blocks[self.request] - self.first_block
-        return np.minimum(np.maximum(limit, 0), self.length)
+        lookup: np.ndarray = np.minimum(np.maximum(limit, 0), self.length)
+        return lookup
 
 
 def _flat_hash_ids(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
