@@ -88,47 +88,49 @@ def _flat_hash_ids(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]
     return ids, lengths
 
 
-def prefix_ids(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def prefix_ids(ids: np.ndarray, lengths: np.ndarray, *, numpy_level_min: int = 16) -> np.ndarray:
     """For each hash id (flat, request by request), an integer naming the whole hash prefix
     that ends with it: equal exactly when two requests' hash_ids agree up to that point.
 
-    Requests are sorted lexicographically by their hash_ids; the prefix of depth k of a request
-    is then the prefix of its predecessor whenever their common prefix is longer than k, so the
-    names are a running count over (depth, sorted position) — O(M log M) for M hash ids, with
-    no loop over depths."""
-    num = len(lengths)
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    Prefixes are interned depth by depth: the name at depth d is that of the pair (name at
+    depth d-1, hash id), one ``np.unique`` per depth over all requests that deep. Depths held by
+    fewer than ``numpy_level_min`` requests (the long tail of a few very long prompts) are
+    interned with a dict instead, so one 100,000-block prompt does not cost 100,000 numpy
+    calls."""
     if ids.size == 0:
         return np.zeros(0, np.int64)
-    order = _lexicographic_order(ids, starts, lengths)
-    # Common prefix length of each sorted request with the one before it.
-    prev, cur = order[:-1], order[1:]
-    span = np.minimum(lengths[prev], lengths[cur])
-    lcp = np.zeros(num, np.int64)
-    if span.sum():
-        pair = np.repeat(np.arange(len(cur)), span)
-        depth = np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
-        mismatch = ids[starts[prev][pair] + depth] != ids[starts[cur][pair] + depth]
-        first_mismatch = np.full(len(cur), np.iinfo(np.int64).max)
-        np.minimum.at(first_mismatch, pair[mismatch], depth[mismatch])
-        lcp[1:] = np.minimum(first_mismatch, span)
-    # Entries of the sorted requests, ordered by (depth, sorted position).
-    rank = np.empty(num, np.int64)
-    rank[order] = np.arange(num)
-    owner = np.repeat(np.arange(num), lengths)
+    starts = np.cumsum(lengths) - lengths
     depth = np.arange(len(ids)) - np.repeat(starts, lengths)
-    by_depth = np.lexsort((rank[owner], depth))
-    is_new = lcp[rank[owner[by_depth]]] <= depth[by_depth]
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(int(lengths.max()) + 1))
+    _, codes = np.unique(ids, return_inverse=True)
+    codes = codes.reshape(-1)
+    num_codes = int(codes.max()) + 1
     names = np.empty(len(ids), np.int64)
-    names[by_depth] = np.cumsum(is_new) - 1
+    next_name = 0
+    tail = len(bounds) - 1
+    for d in range(len(bounds) - 1):
+        entries = by_depth[bounds[d] : bounds[d + 1]]
+        if len(entries) < numpy_level_min:
+            tail = d
+            break
+        parents = names[entries - 1] + 1 if d else np.zeros(len(entries), np.int64)
+        pairs, inverse = np.unique(parents * num_codes + codes[entries], return_inverse=True)
+        names[entries] = next_name + inverse.reshape(-1)
+        next_name += len(pairs)
+    rest = by_depth[bounds[tail] :]  # depth order: parents before children
+    if len(rest):
+        # Parents above the tail were named by numpy; those inside it are named here.
+        named_parent = np.where(depth[rest] > 0, names[rest - 1], -1).tolist()
+        interned: dict[tuple[int, int], int] = {}
+        tail_names: dict[int, int] = {}
+        for e, code, d, parent in zip(
+            rest.tolist(), codes[rest].tolist(), depth[rest].tolist(), named_parent
+        ):
+            key = (tail_names[e - 1] if d > tail else parent, code)
+            tail_names[e] = interned.setdefault(key, next_name + len(interned))
+        names[rest] = list(tail_names.values())  # insertion order is rest's order
     return names
-
-
-def _lexicographic_order(ids: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Request indices sorted by their hash id sequences (a proper prefix sorts first)."""
-    rows = ids.tolist()
-    keys = [tuple(rows[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
-    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
 def touch_segments(trace: Trace, block_size: int | None = None) -> TouchSegments:
@@ -190,17 +192,18 @@ def _owner_pieces(
     short = np.flatnonzero(has_prev & (prev_end < e_sorted))
     if len(short):
         extra: list[tuple[int, int, int, int]] = []
-        n_list, r_list, e_list = n_sorted.tolist(), r_sorted.tolist(), e_sorted.tolist()
+        # Few groups walk, and not far: read the arrays element by element.
         for q in short.tolist():
-            covered, stop, s = e_list[q - 1], e_list[q], q - 2
-            while covered < stop and s >= 0 and n_list[s] == n_list[q]:
-                if e_list[s] > covered:
-                    upto = min(e_list[s], stop)
-                    extra.append((r_list[q], covered, upto, r_list[s]))
+            covered, stop, s = int(e_sorted[q - 1]), int(e_sorted[q]), q - 2
+            here, toucher = n_sorted[q], int(r_sorted[q])
+            while covered < stop and s >= 0 and n_sorted[s] == here:
+                if e_sorted[s] > covered:
+                    upto = min(int(e_sorted[s]), stop)
+                    extra.append((toucher, covered, upto, int(r_sorted[s])))
                     covered = upto
                 s -= 1
             if covered < stop:
-                extra.append((r_list[q], covered, stop, -1))
+                extra.append((toucher, covered, stop, -1))
         more = np.array(extra, np.int64).reshape(-1, 4)
         reqs.append(more[:, 0])
         starts.append(more[:, 1])
@@ -221,12 +224,16 @@ def _merge_pieces(
     owner: np.ndarray,
 ) -> TouchSegments:
     """Sort pieces by (request, block) and merge neighbours with the same owner."""
-    order = np.lexsort((start, request))
-    request, start, stop, owner = request[order], start[order], stop[order], owner[order]
-    new = np.ones(len(order), bool)
+    in_order = (request[1:] > request[:-1]) | (
+        (request[1:] == request[:-1]) & (start[1:] > start[:-1])
+    )
+    if not in_order.all():  # only the pieces of groups reaching past their last toucher
+        order = np.lexsort((start, request))
+        request, start, stop, owner = request[order], start[order], stop[order], owner[order]
+    new = np.ones(len(request), bool)
     new[1:] = (request[1:] != request[:-1]) | (owner[1:] != owner[:-1])
     heads = np.flatnonzero(new)
-    tails = np.append(heads[1:], len(order))[: len(heads)] - 1
+    tails = np.append(heads[1:], len(request))[: len(heads)] - 1
     length = stop[tails] - start[heads]
     cold = owner[heads] < 0
     return TouchSegments(

@@ -16,6 +16,7 @@ import math
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +30,7 @@ from kvsim.analysis.cache_curve import (
     lru_stack_distances,
     optimal_hit_blocks,
 )
-from kvsim.analysis.prefix_blocks import PrefixBlocksError, touch_segments
+from kvsim.analysis.prefix_blocks import PrefixBlocksError, prefix_ids, touch_segments
 from kvsim.cli import app
 from workloads import Request, Trace, load_trace, shipped_trace_path
 
@@ -213,6 +214,25 @@ def test_curve_rows_are_token_weighted_hit_rates(trace: Trace, block_size: int) 
 # ---------------------------------------------------------------- the prefix-identity rule
 
 
+@settings(max_examples=100, deadline=None)
+@given(trace=small_traces(max_requests=30), numpy_level_min=st.sampled_from([1, 2, 5, 10**9]))
+def test_prefix_names_are_equal_exactly_when_hash_prefixes_are(
+    trace: Trace, numpy_level_min: int
+) -> None:
+    # Every depth by numpy (1), every depth by the dict (10**9), or a mix.
+    requests = [r for r in trace.requests if r.hash_ids]
+    ids = np.array([h for r in requests for h in r.hash_ids or ()], np.int64)
+    lengths = np.array([len(r.hash_ids or ()) for r in requests], np.int64)
+    names = prefix_ids(ids, lengths, numpy_level_min=numpy_level_min).tolist()
+    prefixes = [
+        tuple(r.hash_ids or ())[: d + 1] for r in requests for d in range(len(r.hash_ids or ()))
+    ]
+    name_of: dict[tuple[int, ...], int] = {}
+    for prefix, name in zip(prefixes, names):
+        assert name_of.setdefault(prefix, name) == name
+    assert len(set(name_of.values())) == len(name_of)
+
+
 def two_requests(first: list[int], second: list[int], prompt: int = 1024) -> Trace:
     return Trace(
         name="pair",
@@ -331,6 +351,17 @@ def check_mooncake(name: str, capacities: list[float]) -> None:
 
 def test_mooncake_sample_matches_a_straightforward_replay() -> None:
     check_mooncake("mooncake_fast25_conversation_first_1000", [1e5, 1e6, 3e6, 2e7, INF])
+
+
+def test_mooncake_sample_at_small_blocks_matches_the_plain_lru_list() -> None:
+    # 128-token blocks: four per hash block, and deep levels many requests share (the
+    # vectorised prefix interning), against the tuple-keyed LRU list.
+    trace = load_trace(shipped_trace_path("mooncake_fast25_conversation_first_1000"))
+    distances = lru_stack_distances(touch_segments(trace, 128))
+    for capacity in (2_000, 20_000):
+        assert distances.hit_blocks_per_request(capacity).tolist() == replay_lru(
+            trace, 128, capacity
+        )
 
 
 @pytest.mark.slow
