@@ -111,7 +111,9 @@ def cache_curve_command(
     ],
     out: Annotated[
         Path | None,
-        typer.Option(help="Folder for curve.csv and curve.png", show_default="write nothing"),
+        typer.Option(
+            help="Folder for curve.csv and curve.png", metavar="DIR", show_default="write nothing"
+        ),
     ] = None,
 ) -> None:
     """Prefix-cache hit rate against cache capacity for a trace with hash_ids: LRU at every
