@@ -85,7 +85,10 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 
 
 def cache_curve_command(
-    trace: Annotated[str, typer.Argument(help="Trace file with hash_ids, or a shipped trace name")],
+    trace: Annotated[
+        str,
+        typer.Argument(metavar="TRACE", help="Trace file with hash_ids, or a shipped trace name"),
+    ],
     block_size: Annotated[
         int | None,
         typer.Option(
