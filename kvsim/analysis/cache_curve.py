@@ -111,7 +111,7 @@ class StackDistances:
     def hit_blocks(self, capacity_blocks: float) -> np.ndarray:
         """Per segment, the blocks that hit at ``capacity_blocks`` (``math.inf``: unlimited)."""
         hits: np.ndarray = self.count.copy()
-        if not math.isinf(capacity_blocks):
+        if capacity_blocks < self.segments.num_distinct_blocks:  # else it holds every block
             np.minimum(np.maximum(int(capacity_blocks) - self.first + 1, 0), self.count, out=hits)
         return hits
 

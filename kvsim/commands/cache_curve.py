@@ -63,7 +63,9 @@ def _percent(rate: float) -> str:
 
 
 def _tokens(value: float) -> str:
-    return "unlimited" if math.isinf(value) else f"{value:,.0f}"
+    if math.isinf(value):
+        return "unlimited"
+    return f"{int(value):,}" if value.is_integer() and value < 1e15 else f"{value:.6g}"
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:

@@ -28,11 +28,12 @@ class CurveFolderError(KvsimError):
 
 
 def _number(value: object) -> str:
-    """A capacity as written: ``inf``, an integer without a decimal point, else repr."""
+    """A capacity as written: ``inf``, an integer without a decimal point (up to 2**53, where
+    floats stop holding every integer), else Python's shortest repr (``1e+30``)."""
     number = float(value)  # type: ignore[arg-type]
     if math.isinf(number):
         return "inf"
-    return str(int(number)) if number.is_integer() else repr(number)
+    return str(int(number)) if number.is_integer() and number < 2**53 else repr(number)
 
 
 def curve_csv(rows: Sequence[Mapping[str, object]]) -> bytes:

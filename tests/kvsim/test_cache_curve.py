@@ -450,3 +450,14 @@ def test_cli_never_replaces_a_folder_it_did_not_write(tmp_path: Path) -> None:
     assert (out / "notes.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("x")
     assert_one_error_line(kvsim("cache-curve", SAMPLE, "--out", tmp_path / "file"), "not a folder")
+
+
+def test_cli_echoes_odd_capacities(tmp_path: Path) -> None:
+    # A fraction of a block holds nothing; a capacity past the working set holds everything.
+    out = tmp_path / "odd"
+    result = kvsim("cache-curve", SAMPLE, "--capacity-tokens", "1.5,1e30,inf", "--out", out)
+    assert result.exit_code == 0, result.output
+    rows = [line.split(",") for line in (out / "curve.csv").read_text().splitlines()[1:4]]
+    assert [r[:3] for r in rows] == [["1.5", "0", "lru"], ["1e+30", "1.953125e+27", "lru"],
+                                     ["inf", "inf", "lru"]]  # fmt: skip
+    assert rows[0][4] == "0" and rows[1][4] == rows[2][4] != "0"
