@@ -23,6 +23,12 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(RunCo
 _SPECS = option_specs()
 
 
+def _run_option(name: str) -> Any:
+    """The Typer option of a RunConfig field, with kvsim run's help and unit."""
+    spec = _SPECS[name]
+    return typer.Option(spec.cli_flag(name), help=spec.help, metavar=spec.unit)
+
+
 def parse_capacities(text: str) -> list[float]:
     """``1e5,1e6,3e6,inf`` as capacities in tokens; a bad item is one clear message."""
     values = []
@@ -37,25 +43,26 @@ def parse_capacities(text: str) -> list[float]:
     return values
 
 
-def pool_capacity(model: str, gpu: str, tp: int, block_size: int) -> tuple[int, str]:
-    """The KV pool ``kvsim run`` would plan for this model, GPU and TP at ``block_size``
-    (RunConfig's defaults for the rest, as kvsim.runner.resolve_num_blocks): tokens, label."""
+def pool_capacity(trace: str, model: str, gpu: str, tp: int, block_size: int) -> tuple[int, str]:
+    """The KV pool ``kvsim run TRACE --model --gpu --tp --block-size`` would plan from GPU
+    memory (the same plan_num_blocks call as kvsim.runner.resolve_num_blocks, with RunConfig's
+    values for the other memory options; the runner itself is not imported, it would cost the
+    command a second of imports): tokens, and a label for it."""
     from kvsim.costmodel import plan_num_blocks, resolve_gpu, resolve_model
 
-    model_spec, gpu_spec = resolve_model(model), resolve_gpu(gpu)
+    config = RunConfig(trace=trace, model=model, gpu=gpu, tp=tp, block_size=block_size)
+    model_spec, gpu_spec = resolve_model(config.model), resolve_gpu(config.gpu)
     plan = plan_num_blocks(
         model_spec,
         gpu_spec,
-        block_size,
-        gpu_memory_utilization=_DEFAULTS["gpu_memory_utilization"],
-        tp=tp,
-        max_num_batched_tokens=_DEFAULTS["max_num_batched_tokens"],
-        max_num_seqs=_DEFAULTS["max_num_seqs"],
+        config.block_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        tp=config.tp,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
     )
-    tokens = plan.num_blocks * block_size
     gpus = gpu_spec.name if tp == 1 else f"{tp} x {gpu_spec.name}"
-    label = f"KV pool of {model_spec.name} on {gpus}"
-    return tokens, label
+    return plan.num_blocks * block_size, f"KV pool of {model_spec.name} on {gpus}"
 
 
 def _percent(rate: float) -> str:
@@ -105,15 +112,9 @@ def cache_curve_command(
             show_default="a log grid up to the working set",
         ),
     ] = None,
-    model: Annotated[
-        str, typer.Option(help=_SPECS["model"].help, metavar=_SPECS["model"].unit)
-    ] = _DEFAULTS["model"],
-    gpu: Annotated[
-        str, typer.Option(help=_SPECS["gpu"].help, metavar=_SPECS["gpu"].unit)
-    ] = _DEFAULTS["gpu"],
-    tp: Annotated[int, typer.Option(help=_SPECS["tp"].help, metavar=_SPECS["tp"].unit)] = _DEFAULTS[
-        "tp"
-    ],
+    model: Annotated[str, _run_option("model")] = _DEFAULTS["model"],
+    gpu: Annotated[str, _run_option("gpu")] = _DEFAULTS["gpu"],
+    tp: Annotated[int, _run_option("tp")] = _DEFAULTS["tp"],
     out: Annotated[
         Path | None,
         typer.Option(
@@ -136,7 +137,7 @@ def cache_curve_command(
             check_out_folder(out)
         loaded = load_trace(resolve_trace(trace))
         curve = cache_curve(loaded, block_size, capacities)
-        pool_tokens, pool_label = pool_capacity(model, gpu, tp, curve.block_size)
+        pool_tokens, pool_label = pool_capacity(trace, model, gpu, tp, curve.block_size)
         at_pool = curve.hit_rates_at(pool_tokens)
         if out is not None:
             write_curve_folder(curve, out, pool_tokens=pool_tokens, pool_label=pool_label,
