@@ -18,8 +18,11 @@ its path, and the stack distance of block j, last touched by R, is
 
 A Fenwick tree over requests holds how many blocks each request is the last toucher of, and
 one query and one update per touch segment (a run of blocks with the same last toucher) give
-the distances of the whole run, which grow by one per block. Cost: O(S log N) for S segments
-and N requests, after the O(M log M) segment build over M hash ids.
+the distances of the whole run, which grow by one per block. Along a request's path the
+distances only grow (a block's parent is used with it every time, and more recently), so the
+hit at capacity C — the leading blocks whose largest distance so far is <= C — is simply the
+number of lookups at distance <= C. Cost: O(S log N) for S segments and N requests, after
+the O(M log M) segment build over M hash ids.
 
 **Optimal** is the upper bound no eviction policy can beat: Belady's rule, evict the block
 whose next use is farthest in the future, never-used first. In this model a block's next use is
@@ -32,11 +35,11 @@ greedy in order of lookup (shorter intervals first among equals) achieves — th
 of Belady's rule (Hawkeye's OPTgen). It is a stack algorithm too, but its one-pass update is
 not logarithmic, so this module runs the greedy for the asked capacities together: an
 occupancy matrix of gaps x capacities, one slice max and one slice add per touch segment kept
-over more than one gap, cost O(K x total interval length) for K capacities — 0.3 s for the 26
-default capacities of the 12,031-request Mooncake conversation trace. At unlimited capacity
-both policies hit every block stored before. tests/kvsim/test_cache_curve.py checks both
-against plain per-capacity replays, and the optimal one against an exhaustive search over all
-policies on tiny traces.
+over more than one gap: O(K x total interval length) time and 8 x N x K bytes for K
+capacities and N requests — 0.3 s for the 26 default capacities of the 12,031-request Mooncake
+conversation trace. At unlimited capacity both policies hit every block stored before.
+tests/kvsim/test_cache_curve.py checks both against plain per-capacity replays, and the
+optimal one against an exhaustive search over all policies on tiny traces.
 """
 
 from __future__ import annotations
