@@ -461,3 +461,20 @@ def test_cli_echoes_odd_capacities(tmp_path: Path) -> None:
     assert [r[:3] for r in rows] == [["1.5", "0", "lru"], ["1e+30", "1.953125e+27", "lru"],
                                      ["inf", "inf", "lru"]]  # fmt: skip
     assert rows[0][4] == "0" and rows[1][4] == rows[2][4] != "0"
+
+
+def test_plot_draws_both_policies_on_a_log_axis_with_the_pool_marked() -> None:
+    from kvsim.plots import plot_cache_curve
+
+    trace = load_trace(shipped_trace_path(SAMPLE))
+    frame = cache_curve(trace, 512, [1e5, 1e6, 3e6, INF]).frame()
+    fig = plot_cache_curve(frame, pool_tokens=5e5, pool_label="pool")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels[:2] == ["LRU", "optimal (Belady)"]
+    lru = ax.get_lines()[0]
+    assert list(lru.get_xdata()) == [1e5, 1e6, 3e6]  # unlimited is a level, not a point
+    assert list(lru.get_ydata()) == [100 * r for r in frame["hit_rate"][:3]]
+    assert any("pool: 500,000 tokens" in label for label in labels)
+    assert any("unlimited capacity" in label for label in labels)
