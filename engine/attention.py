@@ -231,6 +231,8 @@ def prefill_attention(
     """
     if meta.decode_backend == "cpu_kernel":
         return _kernel_attention(query, key_cache, value_cache, meta)
+    if meta.is_decode:
+        return decode_attention(query, key_cache, value_cache, meta)
     if meta.single_token_rows is None and len(meta.chunks) == 1:
         return chunk_attention(query, key, value, key_cache, value_cache, meta.chunks[0])
     out = torch.empty_like(query)
