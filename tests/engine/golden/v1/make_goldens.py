@@ -168,7 +168,7 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
             "--max-num-seqs",
             "8",
             "--max-num-batched-tokens",
-            "1024",
+            "448",
             "--no-chunked-prefill",
         ],
     ),
