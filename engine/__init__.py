@@ -21,6 +21,7 @@ from engine.events import EventKind, EventRecorder, EventSink, StepKind
 from engine.scheduler import Scheduler
 from engine.scheduler_output import SchedulerConfig, SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.v1_scheduler import V1Scheduler  # registers itself as Scheduler's v1 counterpart
 
 __all__ = [
     "BlockManager",
@@ -43,6 +44,7 @@ __all__ = [
     "SequenceStatus",
     "Slot",
     "StepKind",
+    "V1Scheduler",
     "blocks_needed",
 ]
 
