@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from engine.attention import DecodeBackend, build_attention_metadata, paged_attention
+from engine.attention import DecodeBackend, build_attention_metadata
 from engine.cpu_decode import CpuDecodeKernel, load_cpu_decode
-from tests.engine.test_attention import DEVICE, HEAD_DIM, HEADS, _case, _reference
+from tests.engine.test_attention import _case, _reference
 
 BACKENDS: list[DecodeBackend] = ["torch", "auto"]
 
@@ -43,59 +43,23 @@ def test_mixed_step_of_decodes_and_chunks_matches_reference(
     torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
-def _shared_prefix_step(
-    block_size: int, backend: DecodeBackend
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Three sequences whose tables start with the same physical blocks (a prefix-cache hit):
-    one decoding, one prefilling its suffix in a chunk over the shared blocks, one whose whole
-    hit ends mid-way through its chunk's first block."""
-    gen = torch.Generator().manual_seed(block_size)
-    kv_heads = HEADS // 2
-    shared_tokens = 3 * block_size  # three full blocks, computed by sequence 0
-    query_lens = [1, 11, 5]
-    cached = [shared_tokens + 6, shared_tokens, shared_tokens]
-    context_lens = [c + q for c, q in zip(cached, query_lens)]
-    needed = [math.ceil(c / block_size) for c in context_lens]
-    num_blocks = 3 + sum(n - 3 for n in needed) + 2
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    shared, rest = order[:3], order[3:]
-    tables = []
-    for n in needed:
-        tables.append(shared + rest[: n - 3])
-        rest = rest[n - 3 :]
-    slots = [
-        t[j // block_size] * block_size + j % block_size
-        for t, c, q in zip(tables, cached, query_lens)
-        for j in range(c, c + q)
-    ]
-    shape = (num_blocks, block_size, kv_heads, HEAD_DIM)
-    key_cache = torch.randn(shape, generator=gen).to(DEVICE)
-    value_cache = torch.randn(shape, generator=gen).to(DEVICE)
-    tokens = sum(query_lens)
-    query = torch.randn(tokens, HEADS, HEAD_DIM, generator=gen).to(DEVICE)
-    key = torch.randn(tokens, kv_heads, HEAD_DIM, generator=gen).to(DEVICE)
-    value = torch.randn(tokens, kv_heads, HEAD_DIM, generator=gen).to(DEVICE)
-    meta = build_attention_metadata(
-        query_lens=query_lens,
-        context_lens=context_lens,
-        block_tables=tables,
-        slot_mapping=slots,
-        block_size=block_size,
-        device=DEVICE,
-        decode_backend=backend,
-    )
-    out = paged_attention(query, key, value, key_cache, value_cache, meta)
-    # the shared blocks are read, never written: this step's slots lie past them
-    assert all(s // block_size not in shared for s in slots)
-    return out, _reference(query, key_cache, value_cache, query_lens, context_lens, tables)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_sequences_sharing_prefix_blocks_read_them_in_place(
     backend: DecodeBackend, block_size: int
 ) -> None:
-    out, expected = _shared_prefix_step(block_size, backend)
+    """Three tables start with the same three physical blocks (a prefix-cache hit): one
+    sequence decoding, two prefilling their suffixes in chunks over the shared blocks."""
+    shared = 3 * block_size
+    out, expected = _case(
+        block_size,
+        2,
+        [1, 11, 5],
+        [shared + 6, shared, shared],
+        seed=block_size,
+        decode_backend=backend,
+        shared_blocks=3,
+    )
     torch.testing.assert_close(out.double().cpu(), expected, atol=1e-5, rtol=1e-5)
 
 

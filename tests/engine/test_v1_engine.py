@@ -17,6 +17,7 @@ import torch
 from engine.events import EventKind, EventRecorder
 from engine.llm_engine import LLMEngine
 from engine.sequence import SamplingParams, Sequence
+from tests.engine.hf_llama import hf_generate, save_tiny_llama, shared_prefix_prompts
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,24 +29,8 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     """A tiny random-weight LlamaForCausalLM saved with save_pretrained."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.1,  # peaked logits: greedy ties are far below fp32 noise
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-hf-llama-v1-engine")
-    model.save_pretrained(path)
-    return path, model
+    return path, save_tiny_llama(path, max_position_embeddings=1024)
 
 
 _REFERENCE: dict[tuple[int, ...], list[int]] = {}
@@ -53,24 +38,10 @@ _REFERENCE: dict[tuple[int, ...], list[int]] = {}
 
 def reference(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
     """transformers generate(), greedy, one prompt at a time (memoised per prompt)."""
-    outs = []
     for prompt in prompts:
-        key = tuple(prompt)
-        if key not in _REFERENCE:
-            with torch.no_grad():
-                ids = model.generate(
-                    torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False
-                )
-            _REFERENCE[key] = ids[0, len(prompt) :].tolist()
-        outs.append(_REFERENCE[key])
-    return outs
-
-
-def shared_prefix_prompts(prefix_len: int, suffix_lens: list[int], seed: int) -> list[list[int]]:
-    """Prompts that start with the same `prefix_len` tokens, then differ."""
-    gen = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(0, 256, (prefix_len,), generator=gen).tolist()
-    return [prefix + torch.randint(0, 256, (n,), generator=gen).tolist() for n in suffix_lens]
+        if tuple(prompt) not in _REFERENCE:
+            _REFERENCE[tuple(prompt)] = hf_generate(model, prompt, MAX_TOKENS)
+    return [_REFERENCE[tuple(p)] for p in prompts]
 
 
 def _engine(path: Path, **options: object) -> LLMEngine:

@@ -25,6 +25,7 @@ from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from tests.engine.hf_llama import hf_generate, save_tiny_llama, shared_prefix_prompts
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,37 +35,8 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     """A tiny random-weight LlamaForCausalLM saved with save_pretrained."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.1,  # peaked logits: greedy ties are far below fp32 noise
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-hf-llama-v1")
-    model.save_pretrained(path)
-    return path, model
-
-
-def shared_prefix_prompts(prefix_len: int, suffix_lens: list[int], seed: int) -> list[list[int]]:
-    """Prompts that start with the same `prefix_len` tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(0, 256, (prefix_len,), generator=gen).tolist()
-    return [prefix + torch.randint(0, 256, (n,), generator=gen).tolist() for n in suffix_lens]
-
-
-def hf_generate(model: torch.nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
-    with torch.no_grad():
-        ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)
-    return list(ids[0, len(prompt) :].tolist())
+    return path, save_tiny_llama(path, max_position_embeddings=1024)
 
 
 @dataclass
