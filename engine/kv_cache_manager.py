@@ -82,6 +82,10 @@ class KVCacheManagerMixin:
         self._block_key: list[int | None] = [None] * self.num_blocks
         self._has_key = np.zeros(self.num_blocks, dtype=bool)
         self.num_evictions = 0
+        # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
+        # them sets _watch_hit.
+        self._watch_keys: set[int] | None = None
+        self._watch_hit = False
 
     # --- free queue --------------------------------------------------------------------------
 
@@ -105,7 +109,8 @@ class KVCacheManagerMixin:
             self._queue_pos[b] = _NOT_QUEUED
             self._ref_counts[b] = 1
             if self._block_key[b] is not None:
-                self._evict(b)
+                self._has_key[b] = False
+                self._evict(blocks)
         elif n:
             index = np.array(blocks, dtype=np.intp)
             pos[index] = _NOT_QUEUED
@@ -113,8 +118,9 @@ class KVCacheManagerMixin:
             if self.enable_prefix_caching:
                 hashed = self._has_key[index]
                 if hashed.any():
-                    for b in index[hashed].tolist():
-                        self._evict(b)
+                    evicted = index[hashed]
+                    self._has_key[evicted] = False
+                    self._evict(evicted.tolist())
         return blocks
 
     def _pop_live(self, n: int) -> tuple[list[int], int]:
@@ -167,24 +173,26 @@ class KVCacheManagerMixin:
 
     # --- prefix cache ------------------------------------------------------------------------
 
-    def _evict(self, block_id: int) -> None:
-        """Drop ``block_id``'s key from the prefix cache (it is being reused)."""
-        key = self._block_key[block_id]
-        assert key is not None
-        entry = self._cached[key]
-        if isinstance(entry, int):
-            del self._cached[key]
-        else:
-            entry.remove(block_id)
-            if len(entry) == 1:
-                self._cached[key] = entry[0]
-        self._block_key[block_id] = None
-        self._has_key[block_id] = False
-        self.num_evictions += 1
+    def _evict(self, block_ids: list[int]) -> None:
+        """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
+        cache; the caller clears ``_has_key``."""
+        cached, block_key = self._cached, self._block_key
+        keys: list[int] = []
+        for b in block_ids:
+            key = block_key[b]
+            assert key is not None
+            block_key[b] = None
+            entry = cached.pop(key)
+            if entry.__class__ is not int:  # several blocks hold this content
+                assert isinstance(entry, list)
+                entry.remove(b)
+                cached[key] = entry[0] if len(entry) == 1 else entry
+            keys.append(key)
+        self.num_evictions += len(block_ids)
         sink = self.event_sink
         if sink is not None:
-            sink.record(EVICT, -1, self.get_num_free_blocks(), (block_id,), 0)
-            sink.record_hashes((key,))
+            sink.record(EVICT, -1, self.get_num_free_blocks(), block_ids, 0)
+            sink.record_hashes(keys)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
@@ -236,15 +244,20 @@ class KVCacheManagerMixin:
             entry = cached.get(key)
             if entry is None:
                 cached[key] = b
-            elif isinstance(entry, int):
+            elif entry.__class__ is int:
                 cached[key] = [entry, b]
             else:
-                entry.append(b)
-        new = table[start:num_full]
-        self._has_key[np.array(new, dtype=np.intp)] = True
+                entry.append(b)  # type: ignore[union-attr]
+        if num_full - start == 1:
+            self._has_key[table[start]] = True
+        else:
+            self._has_key[np.array(table[start:num_full], dtype=np.intp)] = True
         seq._num_cached_blocks = num_full
+        if self._watch_keys is not None and not self._watch_keys.isdisjoint(keys[start:num_full]):
+            self._watch_hit = True
         sink = self.event_sink
         if sink is not None:
+            new = table[start:num_full]
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new, start)
             sink.record_hashes(keys[start:num_full])
 
@@ -333,6 +346,15 @@ class KVCacheManagerMixin:
                 num_cacheable = seq.num_tokens
             self.cache_blocks(seq, num_cacheable)
         return True
+
+    def append_decode_block(self, seq: Sequence) -> None:
+        """``allocate_slots`` of a running sequence whose next token starts a new block (the
+        fast decode path): one block from the free queue, the same events."""
+        b = self._pop_free(1)[0]
+        self._owners[b] = seq.seq_id
+        seq.block_table.append(b)
+        if self.event_sink is not None:
+            self.event_sink.record_appends([seq.seq_id], [b], self.get_num_free_blocks())
 
     def _touch(self, seq: Sequence, hit_blocks: list[int]) -> None:
         """Take one more reference to each hit block; a free (evictable) one leaves the free

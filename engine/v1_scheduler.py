@@ -204,7 +204,9 @@ class V1Scheduler(Scheduler):
         MIXED otherwise."""
         num_decodes = 0
         for seq, n in zip(seqs, num_new_tokens):
-            if n == 1 and seq.cached_token_count + 1 == seq.num_tokens:
+            if n == 1 and seq.cached_token_count + 1 == seq.num_prompt_tokens + len(
+                seq.generated_token_ids
+            ):
                 num_decodes += 1
         if num_decodes == len(seqs):
             return DECODE
@@ -222,11 +224,13 @@ class V1Scheduler(Scheduler):
         max_len = self.config.max_model_len
         by_priority = self._by_priority
         budget = self.config.max_num_batched_tokens
+        bs = bm.block_size
+        caching = bm.enable_prefix_caching
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             cached = seq.cached_token_count
-            n = seq.num_tokens - cached
+            n = seq.num_prompt_tokens + len(seq.generated_token_ids) - cached
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -234,6 +238,16 @@ class V1Scheduler(Scheduler):
             if max_len is not None and n > max_len - cached - 1:
                 n = max_len - cached - 1
             if n <= 0:
+                i += 1
+                continue
+            if cached + n <= len(seq.block_table) * bs:
+                # allocate_slots without a block to allocate (most decodes): it only caches
+                # the blocks this step fills.
+                if caching and (cached + n) // bs > seq._num_cached_blocks:
+                    bm.cache_blocks(seq, cached + n)
+                seqs.append(seq)
+                num_new_tokens.append(n)
+                budget -= n
                 i += 1
                 continue
             allocated = True
@@ -332,6 +346,10 @@ class V1Scheduler(Scheduler):
             if sink is not None:
                 kind = RESUME if seq.num_preemptions else ADMIT
                 sink.record(kind, seq.seq_id, bm.get_num_free_blocks(), (), n)
+            self._on_admit(seq)
+
+    def _on_admit(self, seq: Sequence) -> None:
+        """``seq`` was just admitted (it ends the running list); for subclasses."""
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_cached_tokens -= seq.cached_token_count
