@@ -13,7 +13,7 @@ them), with the machinery of engine/fast_decode.py applied to v1's mixed steps:
   nor run out of budget before its last sequence: then only the decoders of those two
   classes and the sequences still prefilling are visited, in running order, as the plain
   running pass would visit them. The waiting pass is the plain one, skipped while the
-  waiting head is known blocked (see ``_Verdict``).
+  waiting head is known blocked (engine/blocked_head.py).
 - Any other step (preemption, a budget that cuts decodes) brings everything up to date and
   runs the plain V1Scheduler step.
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 import heapq
 from bisect import insort
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
+from engine.blocked_head import BlockedHead
 from engine.errors import SchedulerError
 from engine.events import EventKind, EventSink, StepKind
 from engine.fast_decode import FastDecodeOutput, FastDecodeScheduler, PlainStepCallback
@@ -41,19 +41,6 @@ RUNNING = SequenceStatus.RUNNING  # module constants: see engine/scheduler.py
 FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
 FINISH = EventKind.FINISH
 PREFILL, DECODE, MIXED = StepKind.PREFILL, StepKind.DECODE, StepKind.MIXED
-
-
-@dataclass(slots=True)
-class _Verdict:
-    """The waiting head found unable to be admitted. It stays unable while it is the head,
-    the free blocks, the budget left to it and the seats do not grow, and no block it could
-    hit is cached (the BlockManager flags its watched keys); arrivals, aborts, finishes and
-    preemptions drop the verdict."""
-
-    seq: Sequence
-    free_blocks: int
-    budget: int
-    num_running: int
 
 
 class FastV1Scheduler(V1Scheduler):
@@ -80,7 +67,7 @@ class FastV1Scheduler(V1Scheduler):
         self._fast_out: SchedulerOutput | None = None
         self._fast_batch: list[tuple[Sequence, int, int]] = []  # nonlazy (seq, n, position)
         self._plain_pending = False
-        self._verdict: _Verdict | None = None
+        self._head = BlockedHead(self)
         self._order_key: Callable[[Sequence], int] = lambda s: self._order[s.seq_id]
 
     # --- lazy state ---------------------------------------------------------------------------
@@ -112,7 +99,7 @@ class FastV1Scheduler(V1Scheduler):
 
     def _leave(self, seq: Sequence) -> None:
         """``seq`` stops running or waiting: make it exact and stop tracking it."""
-        self._drop_verdict()
+        self._head.drop()
         if seq.seq_id in self._epoch:
             self._sync(seq)
             self._buckets[self._epoch.pop(seq.seq_id)[1]].remove(seq)  # a C scan by identity
@@ -128,7 +115,7 @@ class FastV1Scheduler(V1Scheduler):
             bucket.clear()
         self._finish_heap.clear()
         self._nonlazy = list(self._running)
-        self._drop_verdict()
+        self._head.drop()
 
     def _attach_all(self) -> None:
         """Track every running sequence again (after a plain step), in running order."""
@@ -147,11 +134,6 @@ class FastV1Scheduler(V1Scheduler):
         heapq.heapify(heap)
         self._nonlazy = nonlazy
 
-    def _drop_verdict(self) -> None:
-        if self._verdict is not None:
-            self._verdict = None
-            self.block_manager._watch_keys = None
-
     # --- overrides ----------------------------------------------------------------------------
 
     def add_request(self, seq: Sequence) -> None:
@@ -160,7 +142,7 @@ class FastV1Scheduler(V1Scheduler):
                 f"sequence {seq.seq_id} can be stopped by a token; FastV1Scheduler runs only "
                 "placeholder tokens (use ignore_eos and no stop ids)"
             )
-        self._drop_verdict()
+        self._head.drop()
         super().add_request(seq)
 
     def _on_admit(self, seq: Sequence) -> None:
@@ -260,24 +242,21 @@ class FastV1Scheduler(V1Scheduler):
         budget = cfg.max_num_batched_tokens - sum(num_new_tokens)
         admitted: list[Sequence] = []
         rejected = self._finished_early.copy()
-        if self._waiting_pass_may_admit(budget):
+        if self._head.waiting_pass_may_admit(budget):
             added_tokens: list[int] = []
             self._schedule_waiting(threshold, budget, seqs, added_tokens, admitted, rejected)
             for j, (seq, n) in enumerate(zip(admitted, added_tokens)):
                 batch.append((seq, n, num_running + j))
             num_new_tokens.extend(added_tokens)
             budget -= sum(added_tokens)
-            self._note_blocked_head(budget)
+            self._head.note(budget)
         num_decodes = num_running - len(chunks)
         for seq, n, _ in batch:
             if n == 1 and seq.cached_token_count + 1 == seq.num_prompt_tokens + len(
                 seq.generated_token_ids
             ):
                 num_decodes += 1
-        if num_decodes == len(seqs):
-            kind = DECODE
-        else:
-            kind = PREFILL if num_decodes == 0 else MIXED
+        kind = DECODE if num_decodes == len(seqs) else PREFILL if num_decodes == 0 else MIXED
         out = FastDecodeOutput(
             step=self.step,
             kind=kind,
@@ -328,31 +307,6 @@ class FastV1Scheduler(V1Scheduler):
                     self._sync(seq)  # its keys are made from its tokens
                 mark = self._epoch[seq.seq_id][0]
                 bm.cache_blocks(seq, seq.cached_token_count + d - mark + 1)
-
-    def _waiting_pass_may_admit(self, budget: int) -> bool:
-        head = self._peek_waiting()
-        if head is None or budget <= 0 or len(self._running) >= self.config.max_num_seqs:
-            return False
-        v = self._verdict
-        if v is None or v.seq is not head or self.block_manager._watch_hit:
-            return True
-        return not (
-            self.block_manager.get_num_free_blocks() <= v.free_blocks
-            and budget <= v.budget
-            and len(self._running) >= v.num_running
-        )
-
-    def _note_blocked_head(self, budget: int) -> None:
-        """After a waiting pass that stopped at a head it could not admit, remember it."""
-        self._drop_verdict()
-        head = self._peek_waiting()
-        if head is None or budget <= 0 or len(self._running) >= self.config.max_num_seqs:
-            return
-        bm = self.block_manager
-        self._verdict = _Verdict(head, bm.get_num_free_blocks(), budget, len(self._running))
-        if bm.enable_prefix_caching:
-            bm._watch_keys = set(head.block_hashes[: (head.num_tokens - 1) // bm.block_size])
-            bm._watch_hit = False
 
     # --- update -------------------------------------------------------------------------------
 
@@ -433,7 +387,7 @@ class FastV1Scheduler(V1Scheduler):
             budget = cfg.max_num_batched_tokens - n
             if budget < 0:
                 return False
-            if self._waiting_pass_may_admit(budget) and not self._waiting_head_blocked(budget):
+            if self._head.waiting_pass_may_admit(budget) and not self._head.blocked(budget):
                 return False
             d = self._decodes
             if len(self._buckets[-d % bs]) > bm.get_num_free_blocks():
@@ -452,35 +406,6 @@ class FastV1Scheduler(V1Scheduler):
             heap = self._finish_heap
             if heap and heap[0][0] <= d + 1:
                 on_finished(self._finish_due([]))
-        return False
-
-    def _waiting_head_blocked(self, budget: int) -> bool:
-        """Whether the waiting head would not be admitted with ``budget`` tokens left (the
-        plain waiting pass, without its effects); remembers it when so."""
-        seq = self._peek_waiting()
-        assert seq is not None
-        if self._never_runs(seq) is not None:
-            return False  # it would be rejected: a plain step reports it
-        cfg, bm = self.config, self.block_manager
-        hits = bm.find_cached_prefix(seq)
-        bs = bm.block_size
-        n = seq.num_tokens - len(hits) * bs
-        eligible = len(self._running) + self.num_waiting
-        threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
-        if not cfg.enable_chunked_prefill:
-            if n > cfg.max_num_batched_tokens:
-                return False  # rejected
-            if (threshold if 0 < threshold < n else n) > budget:
-                self._note_blocked_head(budget)
-                return True
-        max_len = cfg.max_model_len
-        full = seq.num_tokens if max_len is None else min(seq.num_tokens, max_len)
-        refs = bm._ref_counts
-        evictable = sum(1 for b in hits if refs[b] == 0)
-        need = max(-(-full // bs) - len(hits), 0) + evictable
-        if need + self._watermark_blocks > bm.get_num_free_blocks():
-            self._note_blocked_head(budget)
-            return True
         return False
 
     def begin_plain_decode(self) -> int:

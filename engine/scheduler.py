@@ -63,7 +63,8 @@ class Scheduler:
                 raise SchedulerError(f"{cls.__name__} has no v1 scheduler")
             if not issubclass(target, cls):
                 # Python runs __init__ only for instances of cls: build the object whole.
-                return target(config, *args, **kwargs)
+                built: Scheduler = target(config, *args, **kwargs)
+                return built
             cls = target
         return super().__new__(cls)
 

@@ -1,0 +1,144 @@
+"""The prefix cache of the v1 BlockManager: which full blocks hold which content.
+
+Full blocks are keyed by chained hashes of their tokens (engine.prefix_keys), as vLLM 0.33's
+BlockPool keys them. One key may map to several blocks (vLLM does not deduplicate, so block
+tables stay append-only); a lookup takes the oldest. A cached block whose last holder frees
+it stays cached, and evictable, until the free queue hands it out again (EVICT).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.events import EventKind, EventSink
+from engine.prefix_keys import ensure_block_hashes
+from engine.sequence import Sequence
+
+CACHE, EVICT, CACHE_RESET = EventKind.CACHE, EventKind.EVICT, EventKind.CACHE_RESET
+
+
+class PrefixCacheMixin:
+    """The BlockManager's prefix-cache map (see the module docstring)."""
+
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    event_sink: EventSink | None
+    _v1: bool
+
+    def get_num_free_blocks(self) -> int:
+        raise NotImplementedError
+
+    def _init_prefix_cache(self) -> None:
+        # key -> block id, or a list of block ids (oldest first) when several blocks hold
+        # the same content; and each cached block's key.
+        self._cached: dict[int, int | list[int]] = {}
+        self._block_key: list[int | None] = [None] * self.num_blocks
+        self._has_key = np.zeros(self.num_blocks, dtype=bool)
+        self.num_evictions = 0
+        # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
+        # them sets _watch_hit.
+        self._watch_keys: set[int] | None = None
+        self._watch_hit = False
+
+    def _evict(self, block_ids: list[int]) -> None:
+        """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
+        cache; the caller clears ``_has_key``."""
+        cached, block_key = self._cached, self._block_key
+        keys: list[int] = []
+        for b in block_ids:
+            key = block_key[b]
+            assert key is not None
+            block_key[b] = None
+            entry = cached.pop(key)
+            if entry.__class__ is not int:  # several blocks hold this content
+                assert isinstance(entry, list)
+                entry.remove(b)
+                cached[key] = entry[0] if len(entry) == 1 else entry
+            keys.append(key)
+        self.num_evictions += len(block_ids)
+        sink = self.event_sink
+        if sink is not None:
+            sink.record(EVICT, -1, self.get_num_free_blocks(), block_ids, 0)
+            sink.record_hashes(keys)
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
+        tokens (the last token is always recomputed, for its logits); [] without caching."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        cached = self._cached
+        hits: list[int] = []
+        if not max_blocks:
+            return hits
+        keys = seq.block_hashes
+        if len(keys) < max_blocks:
+            # Keys are made lazily; most lookups miss early, so make them a few at a time.
+            have = len(keys)
+            i = 0
+            while i < max_blocks:
+                if i >= have:
+                    have = len(ensure_block_hashes(seq, min(max_blocks, max(2 * have, 8)), bs))
+                entry = cached.get(keys[i])
+                if entry is None:
+                    return hits
+                hits.append(entry if isinstance(entry, int) else entry[0])
+                i += 1
+            return hits
+        for key in keys[:max_blocks]:
+            entry = cached.get(key)
+            if entry is None:
+                break
+            hits.append(entry if isinstance(entry, int) else entry[0])
+        return hits
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Cache ``seq``'s full blocks among its first ``num_tokens`` tokens (those not yet
+        cached), under their chained keys."""
+        bs = self.block_size
+        num_full = num_tokens // bs
+        start = seq._num_cached_blocks
+        if start >= num_full:
+            return
+        keys = ensure_block_hashes(seq, num_full, bs)
+        table = seq.block_table
+        cached, block_key = self._cached, self._block_key
+        for i in range(start, num_full):
+            b = table[i]
+            key = keys[i]
+            block_key[b] = key
+            entry = cached.get(key)
+            if entry is None:
+                cached[key] = b
+            elif entry.__class__ is int:
+                cached[key] = [entry, b]
+            else:
+                entry.append(b)  # type: ignore[union-attr]
+        if num_full - start == 1:
+            self._has_key[table[start]] = True
+        else:
+            self._has_key[np.array(table[start:num_full], dtype=np.intp)] = True
+        seq._num_cached_blocks = num_full
+        if self._watch_keys is not None and not self._watch_keys.isdisjoint(keys[start:num_full]):
+            self._watch_hit = True
+        sink = self.event_sink
+        if sink is not None:
+            new = table[start:num_full]
+            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new, start)
+            sink.record_hashes(keys[start:num_full])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
+        returns whether it did."""
+        if not self._v1 or not self.enable_prefix_caching:
+            return self.get_num_free_blocks() == self.num_blocks
+        if self.get_num_free_blocks() != self.num_blocks:
+            return False
+        self._cached.clear()
+        self._block_key = [None] * self.num_blocks
+        self._has_key[:] = False
+        if self.event_sink is not None:
+            self.event_sink.record(CACHE_RESET, -1, self.num_blocks)
+        return True
