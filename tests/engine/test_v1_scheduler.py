@@ -77,7 +77,7 @@ def test_classic_ignores_every_v1_option():
 
 
 def test_chunked_prefill_samples_only_when_the_prompt_is_complete():
-    sched, bm = v1(max_num_batched_tokens=8)
+    sched, _bm = v1(max_num_batched_tokens=8)
     s = seq(0, 20, max_tokens=2)
     sched.add_request(s)
     chunks = []
@@ -116,27 +116,27 @@ def test_long_prefill_threshold_spares_a_lone_request():
 
 def test_a_prefix_hit_is_whole_blocks_and_at_most_all_but_the_last_token():
     recorder = EventRecorder(keep_block_hashes=True)
-    sched, bm = v1(sink=recorder)
+    sched, _bm = v1(sink=recorder)
     first = seq(0, 12)
     sched.add_request(first)
     out, _ = step(sched)
     assert first.prefix_hit_tokens == 0 and len(first.block_table) == 3
     table = list(first.block_table)
     same = seq(1, 12)  # identical 3-block prompt: the last token is recomputed
-    longer = seq(2, list(range(1, 13)) + [50, 51, 52, 53, 54])
+    longer = seq(2, [*list(range(1, 13)), 50, 51, 52, 53, 54])
     sched.add_request(same)
     sched.add_request(longer)
     out, _ = step(sched)
     assert (same.prefix_hit_tokens, longer.prefix_hit_tokens) == (8, 12)
     assert out.num_scheduled_tokens == {0: 1, 1: 4, 2: 5}
     assert same.block_table[:2] == table[:2] and longer.block_table[:3] == table
-    cols, blocks = recorder.columns()
+    cols, _blocks = recorder.columns()
     kinds = [EventKind(k) for k in cols["kind"]]
     hit = kinds.index(EventKind.PREFIX_HIT)
     assert cols["seq_id"][hit] == 1 and cols["num_tokens"][hit] == 8
     assert recorder.blocks_of(hit) == table[:2]
     stored = [i for i, k in enumerate(kinds) if k is EventKind.CACHE]
-    assert [recorder.blocks_of(i) for i in stored][0] == table  # seq 0's 3 full blocks
+    assert next(recorder.blocks_of(i) for i in stored) == table  # seq 0's 3 full blocks
     assert len(recorder.block_hashes()) == sum(cols["num_blocks"][i] for i in stored)
     run_to_completion(sched)
 
@@ -146,7 +146,7 @@ def test_blocks_in_one_batch_share_and_freed_cached_blocks_stay_evictable():
     a, b = seq(0, 9, max_tokens=1), seq(1, 9, max_tokens=1)
     sched.add_request(a)
     sched.add_request(b)
-    out, finished = step(sched)
+    _out, finished = step(sched)
     assert b.prefix_hit_tokens == 8  # a cached its blocks while being scheduled
     assert finished == [a, b] and bm.get_num_free_blocks() == 6  # cached ones count as free
     c = seq(2, 9, max_tokens=1)
@@ -173,7 +173,7 @@ def test_reset_prefix_cache_waits_for_every_block_to_be_free():
 
 
 def test_without_caching_freed_blocks_are_reused_last_in_first_out():
-    sched, bm = v1(num_blocks=8, caching=False)
+    sched, _bm = v1(num_blocks=8, caching=False)
     first = seq(0, 9, max_tokens=1)
     sched.add_request(first)
     out = sched.schedule()
@@ -188,7 +188,7 @@ def test_without_caching_freed_blocks_are_reused_last_in_first_out():
 
 def test_never_runnable_requests_are_rejected_on_arrival():
     recorder = EventRecorder()
-    sched, bm = v1(num_blocks=4, block_size=4, sink=recorder, max_model_len=10)
+    sched, _bm = v1(num_blocks=4, block_size=4, sink=recorder, max_model_len=10)
     too_long, exactly, too_big = seq(0, 10), seq(1, 11), seq(2, 9, max_tokens=20)
     for s in (too_long, exactly, too_big):
         sched.add_request(s)
@@ -209,7 +209,7 @@ def test_never_runnable_requests_are_rejected_on_arrival():
 
 
 def test_a_sequence_that_outgrows_the_pool_is_rejected_not_stalled():
-    sched, bm = v1(num_blocks=3, block_size=2, caching=False)
+    sched, _bm = v1(num_blocks=3, block_size=2, caching=False)
     s = seq(0, 3, max_tokens=10)  # needs 7 blocks by its end; the pool has 3
     sched.add_request(s)
     outs = run_to_completion(sched)
@@ -218,7 +218,7 @@ def test_a_sequence_that_outgrows_the_pool_is_rejected_not_stalled():
 
 
 def test_preemption_recomputes_and_rehits_its_own_blocks():
-    sched, bm = v1(num_blocks=6, block_size=4, max_num_batched_tokens=64)
+    sched, _bm = v1(num_blocks=6, block_size=4, max_num_batched_tokens=64)
     a, b = seq(0, 8, max_tokens=12), seq(1, 8, max_tokens=12)
     sched.add_request(a)
     sched.add_request(b)
@@ -231,7 +231,7 @@ def test_preemption_recomputes_and_rehits_its_own_blocks():
 
 
 def test_priority_orders_waiting_and_picks_the_victim():
-    sched, bm = v1(num_blocks=4, block_size=4, policy="priority", max_num_seqs=1)
+    sched, _bm = v1(num_blocks=4, block_size=4, policy="priority", max_num_seqs=1)
     low, high, later = seq(0, 3, priority=5), seq(1, 3, priority=1), seq(2, 3, priority=1)
     later.arrival_time = 1.0
     for s in (low, later, high):
@@ -246,7 +246,7 @@ def test_priority_orders_waiting_and_picks_the_victim():
 
 
 def test_abort_between_schedule_and_update_and_while_waiting():
-    sched, bm = FastDecodeScheduler(SchedulerConfig(scheduler="v1"), BlockManager(16, 4)), None
+    sched = FastDecodeScheduler(SchedulerConfig(scheduler="v1"), BlockManager(16, 4))
     for i in range(3):
         sched.add_request(seq(i, 5, max_tokens=6))
     out = sched.schedule()
