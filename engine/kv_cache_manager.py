@@ -96,7 +96,7 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             b = blocks[0]
             self._queue_pos[b] = _NOT_QUEUED
             self._ref_counts[b] = 1
-            if self._block_key[b] is not None:
+            if self.enable_prefix_caching and self._has_key[b]:
                 self._has_key[b] = False
                 self._evict(blocks)
         elif n:

@@ -8,6 +8,8 @@ it stays cached, and evictable, until the free queue hands it out again (EVICT).
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from engine.events import EventKind, EventSink
@@ -31,9 +33,12 @@ class PrefixCacheMixin:
 
     def _init_prefix_cache(self) -> None:
         # key -> block id, or a list of block ids (oldest first) when several blocks hold
-        # the same content; and each cached block's key.
+        # the same content (_num_shared_keys counts those); and each block's key, if any.
+        # Keys are signed 64-bit, so a numpy column holds them: a table's keys are read and
+        # written in one operation, and a batch of evictions pops its keys with one map().
         self._cached: dict[int, int | list[int]] = {}
-        self._block_key: list[int | None] = [None] * self.num_blocks
+        self._num_shared_keys = 0
+        self._block_key = np.zeros(self.num_blocks, dtype=np.int64)
         self._has_key = np.zeros(self.num_blocks, dtype=bool)
         self.num_evictions = 0
         # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
@@ -44,18 +49,22 @@ class PrefixCacheMixin:
     def _evict(self, block_ids: list[int]) -> None:
         """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
         cache; the caller clears ``_has_key``."""
-        cached, block_key = self._cached, self._block_key
-        keys: list[int] = []
-        for b in block_ids:
-            key = block_key[b]
-            assert key is not None
-            block_key[b] = None
-            entry = cached.pop(key)
-            if entry.__class__ is not int:  # several blocks hold this content
-                assert isinstance(entry, list)
-                entry.remove(b)
-                cached[key] = entry[0] if len(entry) == 1 else entry
-            keys.append(key)
+        cached = self._cached
+        keys: list[int] = self._block_key[block_ids].tolist()
+        if not self._num_shared_keys:
+            # Each key maps to one block: pop them all at C speed.
+            deque(map(cached.pop, keys), maxlen=0)
+        else:
+            for b, key in zip(block_ids, keys):
+                entry = cached.pop(key)
+                if entry.__class__ is not int:  # several blocks hold this content
+                    assert isinstance(entry, list)
+                    entry.remove(b)
+                    if len(entry) == 1:
+                        cached[key] = entry[0]
+                        self._num_shared_keys -= 1
+                    else:
+                        cached[key] = entry
         self.num_evictions += len(block_ids)
         sink = self.event_sink
         if sink is not None:
@@ -104,30 +113,36 @@ class PrefixCacheMixin:
             return
         keys = ensure_block_hashes(seq, num_full, bs)
         table = seq.block_table
-        cached, block_key = self._cached, self._block_key
-        for i in range(start, num_full):
-            b = table[i]
-            key = keys[i]
-            block_key[b] = key
-            entry = cached.get(key)
-            if entry is None:
-                cached[key] = b
-            elif entry.__class__ is int:
-                cached[key] = [entry, b]
-            else:
-                entry.append(b)  # type: ignore[union-attr]
-        if num_full - start == 1:
-            self._has_key[table[start]] = True
+        cached = self._cached
+        new_keys = keys[start:num_full]
+        new_blocks = table[start:num_full]
+        if cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
+            cached.update(zip(new_keys, new_blocks))  # the usual case: content not cached yet
         else:
-            self._has_key[np.array(table[start:num_full], dtype=np.intp)] = True
+            for b, key in zip(new_blocks, new_keys):
+                entry = cached.get(key)
+                if entry is None:
+                    cached[key] = b
+                elif entry.__class__ is int:
+                    cached[key] = [entry, b]
+                    self._num_shared_keys += 1
+                else:
+                    entry.append(b)  # type: ignore[union-attr]
+        if num_full - start == 1:
+            b = new_blocks[0]
+            self._block_key[b] = new_keys[0]
+            self._has_key[b] = True
+        else:
+            index = np.array(new_blocks, dtype=np.intp)
+            self._block_key[index] = new_keys
+            self._has_key[index] = True
         seq._num_cached_blocks = num_full
-        if self._watch_keys is not None and not self._watch_keys.isdisjoint(keys[start:num_full]):
+        if self._watch_keys is not None and not self._watch_keys.isdisjoint(new_keys):
             self._watch_hit = True
         sink = self.event_sink
         if sink is not None:
-            new = table[start:num_full]
-            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new, start)
-            sink.record_hashes(keys[start:num_full])
+            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
+            sink.record_hashes(new_keys)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
@@ -137,7 +152,7 @@ class PrefixCacheMixin:
         if self.get_num_free_blocks() != self.num_blocks:
             return False
         self._cached.clear()
-        self._block_key = [None] * self.num_blocks
+        self._num_shared_keys = 0
         self._has_key[:] = False
         if self.event_sink is not None:
             self.event_sink.record(CACHE_RESET, -1, self.num_blocks)
