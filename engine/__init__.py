@@ -23,6 +23,9 @@ from engine.scheduler_output import SchedulerConfig, SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from engine.v1_scheduler import V1Scheduler  # registers itself as Scheduler's v1 counterpart
 
+# isort: split
+from engine.fast_v1 import FastV1Scheduler  # registers itself as FastDecodeScheduler's
+
 __all__ = [
     "BlockManager",
     "BuddyAllocator",
@@ -32,6 +35,7 @@ __all__ = [
     "EventKind",
     "EventRecorder",
     "EventSink",
+    "FastV1Scheduler",
     "InvariantError",
     "OutOfBlocksError",
     "ReservationError",

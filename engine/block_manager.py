@@ -335,7 +335,7 @@ class BlockManager(KVCacheManagerMixin):
                 self._owners,
                 self._seqs,
                 self._cached,
-                self._block_key,
+                [k if h else None for k, h in zip(self._block_key.tolist(), self._has_key)],
             )
             return
         check_block_manager(

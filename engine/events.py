@@ -37,7 +37,7 @@ class EventKind(enum.IntEnum):
     # CACHE_RESET is AllBlocksCleared.
     PREFIX_HIT = 11  # admission served num_tokens tokens from the cache: block_ids are the hits
     CACHE = 12  # block_ids were cached under their keys; num_tokens = table index of the first
-    EVICT = 13  # block_ids[0], free and cached, was taken for reuse: its key left the cache
+    EVICT = 13  # block_ids, free and cached, were taken for reuse: their keys left the cache
     CACHE_RESET = 14  # reset_prefix_cache(): every key left the cache
 
 

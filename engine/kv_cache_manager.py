@@ -8,11 +8,9 @@ and FullAttentionManager (one KV cache group, hash block size = block size):
   reverse and puts blocks without a hash at the front as a group (in that order), cached
   blocks at the back (in that order), so cached blocks are evicted least recently freed
   first. A cached free block hit by a new request leaves the queue from the middle.
-- Prefix cache: full blocks are keyed by chained hashes (engine.prefix_keys) and cached in
-  ``allocate_slots`` (the scheduler's ``schedule()``), once the computed plus scheduled
-  tokens cover them. One key may map to several blocks (no deduplication); a lookup takes
-  the oldest. A freed cached block stays in the cache, evictable, until it is taken from
-  the free queue (EVICT).
+- Prefix cache (engine/prefix_cache.py): full blocks are cached in ``allocate_slots`` (the
+  scheduler's ``schedule()``), once the computed plus scheduled tokens cover them; a freed
+  cached block stays there, evictable, until it is taken from the free queue.
 
 The free queue is the BlockManager's list ``_free`` read from ``_head``, as for classic,
 with the v1 operations it lacks: a block leaving from the middle is only marked (its
@@ -31,17 +29,16 @@ import numpy as np
 from engine.errors import InvariantError
 from engine.events import EventKind, EventSink
 from engine.invariants import FREE_OWNER
-from engine.prefix_keys import ensure_block_hashes
+from engine.prefix_cache import PrefixCacheMixin
 from engine.sequence import Sequence
 
 ALLOCATE, APPEND_BLOCK, FREE = EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE
-PREFIX_HIT, CACHE, EVICT = EventKind.PREFIX_HIT, EventKind.CACHE, EventKind.EVICT
-CACHE_RESET = EventKind.CACHE_RESET
+PREFIX_HIT = EventKind.PREFIX_HIT
 _NOT_QUEUED = -1
 _PAD = -1  # list entries before _head: never read
 
 
-class KVCacheManagerMixin:
+class KVCacheManagerMixin(PrefixCacheMixin):
     """vLLM's v1 block operations over the BlockManager's pool (see the module docstring)."""
 
     # The BlockManager's state this half reads and writes.
@@ -76,12 +73,7 @@ class KVCacheManagerMixin:
         self._queue_pos_np = np.frombuffer(self._queue_pos, dtype=np.int32)
         queue = np.array(self._free[self._head :], dtype=np.intp)
         self._queue_pos_np[queue] = np.arange(self._head, len(self._free), dtype=np.int32)
-        # Prefix cache: key -> block id, or a list of block ids (oldest first) when several
-        # blocks hold the same content; and each cached block's key.
-        self._cached: dict[int, int | list[int]] = {}
-        self._block_key: list[int | None] = [None] * self.num_blocks
-        self._has_key = np.zeros(self.num_blocks, dtype=bool)
-        self.num_evictions = 0
+        self._init_prefix_cache()
 
     # --- free queue --------------------------------------------------------------------------
 
@@ -104,8 +96,9 @@ class KVCacheManagerMixin:
             b = blocks[0]
             self._queue_pos[b] = _NOT_QUEUED
             self._ref_counts[b] = 1
-            if self._block_key[b] is not None:
-                self._evict(b)
+            if self.enable_prefix_caching and self._has_key[b]:
+                self._has_key[b] = False
+                self._evict(blocks)
         elif n:
             index = np.array(blocks, dtype=np.intp)
             pos[index] = _NOT_QUEUED
@@ -113,8 +106,9 @@ class KVCacheManagerMixin:
             if self.enable_prefix_caching:
                 hashed = self._has_key[index]
                 if hashed.any():
-                    for b in index[hashed].tolist():
-                        self._evict(b)
+                    evicted = index[hashed]
+                    self._has_key[evicted] = False
+                    self._evict(evicted.tolist())
         return blocks
 
     def _pop_live(self, n: int) -> tuple[list[int], int]:
@@ -164,103 +158,6 @@ class KVCacheManagerMixin:
         self._queue_pos_np[np.array(blocks, dtype=np.intp)] = np.arange(
             start, start + len(blocks), dtype=np.int32
         )
-
-    # --- prefix cache ------------------------------------------------------------------------
-
-    def _evict(self, block_id: int) -> None:
-        """Drop ``block_id``'s key from the prefix cache (it is being reused)."""
-        key = self._block_key[block_id]
-        assert key is not None
-        entry = self._cached[key]
-        if isinstance(entry, int):
-            del self._cached[key]
-        else:
-            entry.remove(block_id)
-            if len(entry) == 1:
-                self._cached[key] = entry[0]
-        self._block_key[block_id] = None
-        self._has_key[block_id] = False
-        self.num_evictions += 1
-        sink = self.event_sink
-        if sink is not None:
-            sink.record(EVICT, -1, self.get_num_free_blocks(), (block_id,), 0)
-            sink.record_hashes((key,))
-
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
-        tokens (the last token is always recomputed, for its logits); [] without caching."""
-        if not self.enable_prefix_caching:
-            return []
-        bs = self.block_size
-        max_blocks = (seq.num_tokens - 1) // bs
-        cached = self._cached
-        hits: list[int] = []
-        if not max_blocks:
-            return hits
-        keys = seq.block_hashes
-        if len(keys) < max_blocks:
-            # Keys are made lazily; most lookups miss early, so make them a few at a time.
-            have = len(keys)
-            i = 0
-            while i < max_blocks:
-                if i >= have:
-                    have = len(ensure_block_hashes(seq, min(max_blocks, max(2 * have, 8)), bs))
-                entry = cached.get(keys[i])
-                if entry is None:
-                    return hits
-                hits.append(entry if isinstance(entry, int) else entry[0])
-                i += 1
-            return hits
-        for key in keys[:max_blocks]:
-            entry = cached.get(key)
-            if entry is None:
-                break
-            hits.append(entry if isinstance(entry, int) else entry[0])
-        return hits
-
-    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Cache ``seq``'s full blocks among its first ``num_tokens`` tokens (those not yet
-        cached), under their chained keys."""
-        bs = self.block_size
-        num_full = num_tokens // bs
-        start = seq._num_cached_blocks
-        if start >= num_full:
-            return
-        keys = ensure_block_hashes(seq, num_full, bs)
-        table = seq.block_table
-        cached, block_key = self._cached, self._block_key
-        for i in range(start, num_full):
-            b = table[i]
-            key = keys[i]
-            block_key[b] = key
-            entry = cached.get(key)
-            if entry is None:
-                cached[key] = b
-            elif isinstance(entry, int):
-                cached[key] = [entry, b]
-            else:
-                entry.append(b)
-        new = table[start:num_full]
-        self._has_key[np.array(new, dtype=np.intp)] = True
-        seq._num_cached_blocks = num_full
-        sink = self.event_sink
-        if sink is not None:
-            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new, start)
-            sink.record_hashes(keys[start:num_full])
-
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
-        returns whether it did."""
-        if not self._v1 or not self.enable_prefix_caching:
-            return self.get_num_free_blocks() == self.num_blocks
-        if self.get_num_free_blocks() != self.num_blocks:
-            return False
-        self._cached.clear()
-        self._block_key = [None] * self.num_blocks
-        self._has_key[:] = False
-        if self.event_sink is not None:
-            self.event_sink.record(CACHE_RESET, -1, self.num_blocks)
-        return True
 
     # --- per sequence ------------------------------------------------------------------------
 
@@ -333,6 +230,15 @@ class KVCacheManagerMixin:
                 num_cacheable = seq.num_tokens
             self.cache_blocks(seq, num_cacheable)
         return True
+
+    def append_decode_block(self, seq: Sequence) -> None:
+        """``allocate_slots`` of a running sequence whose next token starts a new block (the
+        fast decode path): one block from the free queue, the same events."""
+        b = self._pop_free(1)[0]
+        self._owners[b] = seq.seq_id
+        seq.block_table.append(b)
+        if self.event_sink is not None:
+            self.event_sink.record_appends([seq.seq_id], [b], self.get_num_free_blocks())
 
     def _touch(self, seq: Sequence, hit_blocks: list[int]) -> None:
         """Take one more reference to each hit block; a free (evictable) one leaves the free

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence as Ints
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from engine.sequence import Sequence
 
@@ -35,6 +37,28 @@ _HASH_ID_ROOT = -0x6B76_7369_6D01  # start of a hash-id chain
 _UNIQUE = -0x6B76_7369_6D02  # prompt blocks shared with nobody (salted by seq_id)
 _GEN = -0x6B76_7369_6D03  # a block holding placeholder (generated) tokens
 _PROMPT_END = -0x6B76_7369_6D04  # the identity of a whole prompt
+
+
+_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), 0x9E3779B97F4A7C15
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping): a cheap, well-spread 64-bit hash that
+    keys a whole range of blocks in a few numpy operations."""
+    x = x + np.uint64(_GOLDEN)
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
+
+
+def _block_keys(parents: np.ndarray, start: int, end: int) -> list[int]:
+    """Keys of blocks start..end-1 from each block's identifying value ``parents`` (int64):
+    mix(parent xor mix(block index)), as signed 64-bit ints."""
+    index = np.arange(start, end, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        keys = _mix(parents.view(np.uint64) ^ _mix(index))
+    return keys.view(np.int64).tolist()  # type: ignore[no-any-return]
 
 
 class PrefixSource:
@@ -57,7 +81,7 @@ class UniquePrefix(PrefixSource):
     __slots__ = ()
 
     def prompt_block_keys(self, salt: int, start: int, end: int, block_size: int) -> list[int]:
-        return [hash((_UNIQUE, salt, i)) for i in range(start, end)]
+        return _block_keys(np.full(end - start, hash((_UNIQUE, salt)), dtype=np.int64), start, end)
 
     def prompt_key(self, salt: int, num_prompt_tokens: int) -> int:
         return hash((_UNIQUE, salt, _PROMPT_END))
@@ -91,23 +115,24 @@ class HashIdPrefix(PrefixSource):
         for h in hash_ids[:used]:
             parent = hash((parent, int(h)))
             chain.append(parent)
-        self._chain = chain
+        self._chain = np.array(chain, dtype=np.int64)
         self.num_hashed_tokens = min(used * hash_block_size, num_prompt_tokens)
 
     def prompt_block_keys(self, salt: int, start: int, end: int, block_size: int) -> list[int]:
         hbs, chain = self.hash_block_size, self._chain
         # blocks ending inside the hashed part are keyed by the chain; later ones are unique
         hashed_end = min(end, self.num_hashed_tokens // block_size)
-        keys = [
-            hash((chain[((i + 1) * block_size - 1) // hbs], i)) for i in range(start, hashed_end)
-        ]
+        keys: list[int] = []
+        if start < hashed_end:
+            last_id = (np.arange(start + 1, hashed_end + 1) * block_size - 1) // hbs
+            keys = _block_keys(chain[last_id], start, hashed_end)
         if hashed_end < end:
-            keys.extend(hash((_UNIQUE, salt, i)) for i in range(max(start, hashed_end), end))
+            keys += UNIQUE_PREFIX.prompt_block_keys(salt, max(start, hashed_end), end, block_size)
         return keys
 
     def prompt_key(self, salt: int, num_prompt_tokens: int) -> int:
         if num_prompt_tokens <= self.num_hashed_tokens:
-            last = self._chain[(num_prompt_tokens - 1) // self.hash_block_size]
+            last = int(self._chain[(num_prompt_tokens - 1) // self.hash_block_size])
             return hash((last, _PROMPT_END, num_prompt_tokens))
         return hash((_UNIQUE, salt, _PROMPT_END))
 

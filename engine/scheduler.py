@@ -61,6 +61,10 @@ class Scheduler:
             target = cls.__dict__.get("_v1_class")
             if target is None:
                 raise SchedulerError(f"{cls.__name__} has no v1 scheduler")
+            if not issubclass(target, cls):
+                # Python runs __init__ only for instances of cls: build the object whole.
+                built: Scheduler = target(config, *args, **kwargs)
+                return built
             cls = target
         return super().__new__(cls)
 

@@ -58,6 +58,20 @@ class SchedulerConfig:
             )
 
 
+def step_kind(seqs: list[Sequence], num_new_tokens: list[int]) -> StepKind:
+    """A v1 step's kind: DECODE when every sequence computes only its last token (its
+    output is sampled next), PREFILL when none does, MIXED otherwise."""
+    num_decodes = 0
+    for seq, n in zip(seqs, num_new_tokens):
+        if n == 1 and seq.cached_token_count + 1 == seq.num_prompt_tokens + len(
+            seq.generated_token_ids
+        ):
+            num_decodes += 1
+    if num_decodes == len(seqs):
+        return StepKind.DECODE
+    return StepKind.PREFILL if num_decodes == 0 else StepKind.MIXED
+
+
 class SchedulerOutput:
     """One step's decision.
 

@@ -29,13 +29,12 @@ as REJECTED when it arrives, and returned by the next ``update()``.
 
 from __future__ import annotations
 
-import heapq
-
 from engine.block_manager import BlockManager, blocks_needed
 from engine.errors import SchedulerError
-from engine.events import EventKind, EventSink, StepKind
+from engine.events import EventKind, EventSink
+from engine.request_queue import PriorityWaitingQueue
 from engine.scheduler import Scheduler
-from engine.scheduler_output import SchedulerConfig, SchedulerOutput
+from engine.scheduler_output import SchedulerConfig, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceStatus
 
 WAITING = SequenceStatus.WAITING  # module constants: see engine/scheduler.py
@@ -51,9 +50,6 @@ ARRIVE, ADMIT, RESUME, PREEMPT = (
     EventKind.PREEMPT,
 )
 FINISH, ABORT, REJECT = EventKind.FINISH, EventKind.ABORT, EventKind.REJECT
-PREFILL, DECODE, MIXED = StepKind.PREFILL, StepKind.DECODE, StepKind.MIXED
-
-WaitingEntry = tuple[int, float, str, Sequence]  # (priority, arrival_time, seq_id, seq)
 
 
 class V1Scheduler(Scheduler):
@@ -77,45 +73,16 @@ class V1Scheduler(Scheduler):
         super().__init__(config, block_manager, event_sink)
         block_manager.use_v1_free_queue()
         self._by_priority = config.policy == "priority"
-        self._waiting_heap: list[WaitingEntry] = []  # the waiting queue under "priority"
+        if self._by_priority:
+            self._waiting = PriorityWaitingQueue()  # type: ignore[assignment]
         # vLLM keeps int(watermark * num_gpu_blocks) free, its pool counting the null block.
         self._watermark_blocks = int(block_manager.watermark * (block_manager.num_blocks + 1))
 
     # --- queues ---------------------------------------------------------------------------
 
-    @property
-    def waiting(self) -> tuple[Sequence, ...]:
-        if self._by_priority:
-            return tuple(entry[3] for entry in sorted(self._waiting_heap))
-        return tuple(self._waiting)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting_heap) if self._by_priority else len(self._waiting)
-
     def has_unfinished(self) -> bool:
         """Anything waits or runs, or a rejection is still to be returned by ``update()``."""
-        return bool(self._waiting or self._waiting_heap or self._running or self._finished_early)
-
-    def _queue(self, seq: Sequence, front: bool) -> None:
-        if self._by_priority:
-            entry = (seq.priority, seq.arrival_time, str(seq.seq_id), seq)
-            heapq.heappush(self._waiting_heap, entry)
-        elif front:
-            self._waiting.appendleft(seq)
-        else:
-            self._waiting.append(seq)
-
-    def _peek_waiting(self) -> Sequence | None:
-        if self._by_priority:
-            return self._waiting_heap[0][3] if self._waiting_heap else None
-        return self._waiting[0] if self._waiting else None
-
-    def _pop_waiting(self) -> None:
-        if self._by_priority:
-            heapq.heappop(self._waiting_heap)
-        else:
-            self._waiting.popleft()
+        return bool(self._waiting or self._running or self._finished_early)
 
     def add_request(self, seq: Sequence) -> None:
         """Queue ``seq``; one that can never run is finished as REJECTED now (see the
@@ -136,7 +103,7 @@ class V1Scheduler(Scheduler):
         if reason is not None:
             self._reject(seq, reason)
             return
-        self._queue(seq, front=False)
+        self._waiting.append(seq)
 
     def _never_runs(self, seq: Sequence) -> str | None:
         cfg, bm = self.config, self.block_manager
@@ -180,7 +147,7 @@ class V1Scheduler(Scheduler):
             self._schedule_waiting(threshold, budget, seqs, num_new_tokens, admitted, rejected)
         out = SchedulerOutput(
             step=self.step,
-            kind=self._step_kind(seqs, num_new_tokens),
+            kind=step_kind(seqs, num_new_tokens),
             seqs=seqs,
             num_new_tokens=num_new_tokens,
             block_size=self.block_manager.block_size,
@@ -198,18 +165,6 @@ class V1Scheduler(Scheduler):
             )
         return out
 
-    @staticmethod
-    def _step_kind(seqs: list[Sequence], num_new_tokens: list[int]) -> StepKind:
-        """DECODE when every sequence computes only its last token, PREFILL when none does,
-        MIXED otherwise."""
-        num_decodes = 0
-        for seq, n in zip(seqs, num_new_tokens):
-            if n == 1 and seq.cached_token_count + 1 == seq.num_tokens:
-                num_decodes += 1
-        if num_decodes == len(seqs):
-            return DECODE
-        return PREFILL if num_decodes == 0 else MIXED
-
     def _schedule_running(
         self,
         threshold: int,
@@ -222,11 +177,13 @@ class V1Scheduler(Scheduler):
         max_len = self.config.max_model_len
         by_priority = self._by_priority
         budget = self.config.max_num_batched_tokens
+        bs = bm.block_size
+        caching = bm.enable_prefix_caching
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             cached = seq.cached_token_count
-            n = seq.num_tokens - cached
+            n = seq.num_prompt_tokens + len(seq.generated_token_ids) - cached
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -234,6 +191,16 @@ class V1Scheduler(Scheduler):
             if max_len is not None and n > max_len - cached - 1:
                 n = max_len - cached - 1
             if n <= 0:
+                i += 1
+                continue
+            if cached + n <= len(seq.block_table) * bs:
+                # allocate_slots without a block to allocate (most decodes): it only caches
+                # the blocks this step fills.
+                if caching and (cached + n) // bs > seq._num_cached_blocks:
+                    bm.cache_blocks(seq, cached + n)
+                seqs.append(seq)
+                num_new_tokens.append(n)
+                budget -= n
                 i += 1
                 continue
             allocated = True
@@ -284,9 +251,9 @@ class V1Scheduler(Scheduler):
         chunked = cfg.enable_chunked_prefill
         bs = bm.block_size
         while budget > 0 and len(running) < cfg.max_num_seqs:
-            seq = self._peek_waiting()
-            if seq is None:
+            if not self._waiting:
                 break
+            seq = self._waiting[0]
             # A preempted sequence has grown: it may no longer fit anywhere.
             reason = self._never_runs(seq)
             if reason is None:
@@ -299,7 +266,7 @@ class V1Scheduler(Scheduler):
                         f"{cfg.max_num_batched_tokens} (no chunked prefill)"
                     )
             if reason is not None:
-                self._pop_waiting()
+                self._waiting.popleft()
                 self._reject(seq, reason)
                 rejected.append(seq)
                 continue
@@ -319,7 +286,7 @@ class V1Scheduler(Scheduler):
                 max_model_len=max_len,
             ):
                 break
-            self._pop_waiting()
+            self._waiting.popleft()
             running.append(seq)
             seq.status = RUNNING
             seq.cached_token_count = num_hit_tokens
@@ -332,6 +299,10 @@ class V1Scheduler(Scheduler):
             if sink is not None:
                 kind = RESUME if seq.num_preemptions else ADMIT
                 sink.record(kind, seq.seq_id, bm.get_num_free_blocks(), (), n)
+            self._on_admit(seq)
+
+    def _on_admit(self, seq: Sequence) -> None:
+        """``seq`` was just admitted (it ends the running list); for subclasses."""
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_cached_tokens -= seq.cached_token_count
@@ -339,7 +310,7 @@ class V1Scheduler(Scheduler):
         seq.cached_token_count = 0
         seq.status = WAITING
         seq.num_preemptions += 1
-        self._queue(seq, front=True)
+        self._waiting.appendleft(seq)
         if self.event_sink is not None:
             self.event_sink.record(PREEMPT, seq.seq_id, self.block_manager.get_num_free_blocks())
 
@@ -362,9 +333,6 @@ class V1Scheduler(Scheduler):
             return False
         if seq.status is RUNNING:
             self._running.remove(seq)
-        elif self._by_priority:
-            self._waiting_heap = [e for e in self._waiting_heap if e[3] is not seq]
-            heapq.heapify(self._waiting_heap)
         else:
             self._waiting.remove(seq)
         seq.finish_reason = "aborted"

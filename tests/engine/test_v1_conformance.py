@@ -36,8 +36,10 @@ def test_replay_matches_vllm_every_step(name: str) -> None:
     _, steps, summary = load_golden(GOLDEN / f"{name}.steps.jsonl.gz")
     result = replay(name)
     assert result.differences == []
-    assert result.steps_compared == summary["nonempty_steps"] == sum(
-        1 for s in steps if s["num_scheduled_tokens"]
+    assert (
+        result.steps_compared
+        == summary["nonempty_steps"]
+        == sum(1 for s in steps if s["num_scheduled_tokens"])
     )
     result.scheduler.block_manager.check_invariants()
     assert not result.scheduler.has_unfinished()

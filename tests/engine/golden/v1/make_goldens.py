@@ -3,9 +3,9 @@
     python tests/engine/golden/v1/make_goldens.py traces
         writes traces/*.jsonl (deterministic: fixed seeds, no input files but the shipped
         Mooncake sample)
-    python tests/engine/golden/v1/make_goldens.py record --python ~/vllm-ref/bin/python \
-        --driver PATH/TO/vllm_reference/drive_vllm.py [NAME ...]
-        runs the reference driver on each config and writes NAME.steps.jsonl.gz
+    python tests/engine/golden/v1/make_goldens.py record [--python ~/vllm-ref/bin/python] [NAME ...]
+        runs the reference driver (benchmarks/vllm_reference/drive_vllm.py) on each config
+        and writes NAME.steps.jsonl.gz
 
 Recording needs the reference's venv (see README.md beside this file); tests only read the
 committed files. Each golden keeps the driver's config line, every step line (minus fields
@@ -409,8 +409,16 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("traces")
     rec = sub.add_parser("record")
-    rec.add_argument("--python", required=True, help="the reference venv's python")
-    rec.add_argument("--driver", required=True, help="path of the reference's drive_vllm.py")
+    rec.add_argument(
+        "--python",
+        default=str(Path.home() / "vllm-ref" / "bin" / "python"),
+        help="the reference venv's python (default: ~/vllm-ref/bin/python)",
+    )
+    rec.add_argument(
+        "--driver",
+        default=str(REPO / "benchmarks" / "vllm_reference" / "drive_vllm.py"),
+        help="the reference driver (default: the repository's copy)",
+    )
     rec.add_argument("names", nargs="*", help=f"configs (default: all of {list(CONFIGS)})")
     args = parser.parse_args()
     if args.command == "traces":
