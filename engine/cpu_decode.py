@@ -10,7 +10,7 @@ concurrent processes never load a half-written library.
 
 The expected ways to be without the kernel — no C compiler, a compiler that cannot build the
 file, an unwritable cache folder, `KVSIM_CPU_KERNEL=0` — leave `load_cpu_decode().kernel`
-None with the reason in `.reason`; decode attention then runs the torch path. Anything else
+None with the reason in `.reason`; attention then runs the torch path. Anything else
 raises.
 """
 
