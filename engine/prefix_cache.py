@@ -1,0 +1,159 @@
+"""The prefix cache of the v1 BlockManager: which full blocks hold which content.
+
+Full blocks are keyed by chained hashes of their tokens (engine.prefix_keys), as vLLM 0.33's
+BlockPool keys them. One key may map to several blocks (vLLM does not deduplicate, so block
+tables stay append-only); a lookup takes the oldest. A cached block whose last holder frees
+it stays cached, and evictable, until the free queue hands it out again (EVICT).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from engine.events import EventKind, EventSink
+from engine.prefix_keys import ensure_block_hashes
+from engine.sequence import Sequence
+
+CACHE, EVICT, CACHE_RESET = EventKind.CACHE, EventKind.EVICT, EventKind.CACHE_RESET
+
+
+class PrefixCacheMixin:
+    """The BlockManager's prefix-cache map (see the module docstring)."""
+
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    event_sink: EventSink | None
+    _v1: bool
+
+    def get_num_free_blocks(self) -> int:
+        raise NotImplementedError
+
+    def _init_prefix_cache(self) -> None:
+        # key -> block id, or a list of block ids (oldest first) when several blocks hold
+        # the same content (_num_shared_keys counts those); and each block's key, if any.
+        # Keys are signed 64-bit, so a numpy column holds them: a table's keys are read and
+        # written in one operation, and a batch of evictions pops its keys with one map().
+        self._cached: dict[int, int | list[int]] = {}
+        self._num_shared_keys = 0
+        self._block_key = np.zeros(self.num_blocks, dtype=np.int64)
+        self._has_key = np.zeros(self.num_blocks, dtype=bool)
+        self.num_evictions = 0
+        # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
+        # them sets _watch_hit.
+        self._watch_keys: set[int] | None = None
+        self._watch_hit = False
+
+    def _evict(self, block_ids: list[int]) -> None:
+        """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
+        cache; the caller clears ``_has_key``."""
+        cached = self._cached
+        keys: list[int] = self._block_key[block_ids].tolist()
+        if not self._num_shared_keys:
+            # Each key maps to one block: pop them all at C speed.
+            deque(map(cached.pop, keys), maxlen=0)
+        else:
+            for b, key in zip(block_ids, keys):
+                entry = cached.pop(key)
+                if entry.__class__ is not int:  # several blocks hold this content
+                    assert isinstance(entry, list)
+                    entry.remove(b)
+                    if len(entry) == 1:
+                        cached[key] = entry[0]
+                        self._num_shared_keys -= 1
+                    else:
+                        cached[key] = entry
+        self.num_evictions += len(block_ids)
+        sink = self.event_sink
+        if sink is not None:
+            sink.record(EVICT, -1, self.get_num_free_blocks(), block_ids, 0)
+            sink.record_hashes(keys)
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
+        tokens (the last token is always recomputed, for its logits); [] without caching."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        cached = self._cached
+        hits: list[int] = []
+        if not max_blocks:
+            return hits
+        keys = seq.block_hashes
+        if len(keys) < max_blocks:
+            # Keys are made lazily; most lookups miss early, so make them a few at a time.
+            have = len(keys)
+            i = 0
+            while i < max_blocks:
+                if i >= have:
+                    have = len(ensure_block_hashes(seq, min(max_blocks, max(2 * have, 8)), bs))
+                entry = cached.get(keys[i])
+                if entry is None:
+                    return hits
+                hits.append(entry if isinstance(entry, int) else entry[0])
+                i += 1
+            return hits
+        for key in keys[:max_blocks]:
+            entry = cached.get(key)
+            if entry is None:
+                break
+            hits.append(entry if isinstance(entry, int) else entry[0])
+        return hits
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Cache ``seq``'s full blocks among its first ``num_tokens`` tokens (those not yet
+        cached), under their chained keys."""
+        bs = self.block_size
+        num_full = num_tokens // bs
+        start = seq._num_cached_blocks
+        if start >= num_full:
+            return
+        keys = ensure_block_hashes(seq, num_full, bs)
+        table = seq.block_table
+        cached = self._cached
+        new_keys = keys[start:num_full]
+        new_blocks = table[start:num_full]
+        if cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
+            cached.update(zip(new_keys, new_blocks))  # the usual case: content not cached yet
+        else:
+            for b, key in zip(new_blocks, new_keys):
+                entry = cached.get(key)
+                if entry is None:
+                    cached[key] = b
+                elif entry.__class__ is int:
+                    cached[key] = [entry, b]
+                    self._num_shared_keys += 1
+                else:
+                    entry.append(b)  # type: ignore[union-attr]
+        if num_full - start == 1:
+            b = new_blocks[0]
+            self._block_key[b] = new_keys[0]
+            self._has_key[b] = True
+        else:
+            index = np.array(new_blocks, dtype=np.intp)
+            self._block_key[index] = new_keys
+            self._has_key[index] = True
+        seq._num_cached_blocks = num_full
+        if self._watch_keys is not None and not self._watch_keys.isdisjoint(new_keys):
+            self._watch_hit = True
+        sink = self.event_sink
+        if sink is not None:
+            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
+            sink.record_hashes(new_keys)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
+        returns whether it did."""
+        if not self._v1 or not self.enable_prefix_caching:
+            return self.get_num_free_blocks() == self.num_blocks
+        if self.get_num_free_blocks() != self.num_blocks:
+            return False
+        self._cached.clear()
+        self._num_shared_keys = 0
+        self._has_key[:] = False
+        if self.event_sink is not None:
+            self.event_sink.record(CACHE_RESET, -1, self.num_blocks)
+        return True
