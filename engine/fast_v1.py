@@ -280,16 +280,24 @@ class FastV1Scheduler(V1Scheduler):
         taking or filling a block, and prefilling sequences, in running order."""
         bm = self.block_manager
         bs, d = bm.block_size, self._decodes
+        caching = bm.enable_prefix_caching
         needing = self._buckets[-d % bs]
-        filling = self._buckets[(-d - 1) % bs] if bm.enable_prefix_caching else []
-        chunk_of = {id(s): n for s, n in zip(self._nonlazy, chunks)}
-        if not chunk_of and bs > 1 and not filling:
+        filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
+        nonlazy = self._nonlazy
+        if not nonlazy and not filling:  # each visited sequence takes a block
+            fills = caching and bs == 1  # block size 1: the token fills the block it took
             for seq in needing:
                 bm.append_decode_block(seq)
+                if fills:
+                    self._cache_decode(seq)
             return
-        active = [*needing, *self._nonlazy] if bs == 1 else [*needing, *filling, *self._nonlazy]
-        if len(active) > 1:
-            active.sort(key=self._order_key)
+        if not nonlazy and not needing:
+            for seq in filling:
+                self._cache_decode(seq)
+            return
+        active = [*needing, *filling, *nonlazy]
+        active.sort(key=self._order_key)
+        chunk_of = {id(s): n for s, n in zip(nonlazy, chunks)}
         needs = {id(s) for s in needing}
         max_len = self.config.max_model_len
         for seq in active:
@@ -299,14 +307,18 @@ class FastV1Scheduler(V1Scheduler):
                     seq, n, [], full_sequence_tokens=0, watermark_blocks=0, max_model_len=max_len
                 )
                 assert ok, "a planned allocation failed"
-                continue
-            if id(seq) in needs:
+            elif id(seq) in needs:
                 bm.append_decode_block(seq)
-            if bm.enable_prefix_caching and (bs == 1 or id(seq) not in needs):
-                if seq.prefix is None:
-                    self._sync(seq)  # its keys are made from its tokens
-                mark = self._epoch[seq.seq_id][0]
-                bm.cache_blocks(seq, seq.cached_token_count + d - mark + 1)
+                if caching and bs == 1:
+                    self._cache_decode(seq)
+            else:
+                self._cache_decode(seq)
+
+    def _cache_decode(self, seq: Sequence) -> None:
+        """Cache the block a lazily tracked decoder's token fills this step."""
+        if seq.prefix is None:
+            self._sync(seq)  # its keys are made from its tokens
+        self.block_manager.cache_decode_block(seq)
 
     # --- update -------------------------------------------------------------------------------
 
@@ -379,33 +391,42 @@ class FastV1Scheduler(V1Scheduler):
         waiting sequence can be admitted. Same callbacks and return value."""
         if self._pending is not None or self._plain_pending:
             raise SchedulerError("a step is pending; update it before starting another")
-        cfg, bm, sink = self.config, self.block_manager, self.event_sink
-        bs = bm.block_size
-        running = self._running
-        while running and not self._nonlazy and not self._finished_early:
-            n = len(running)
-            budget = cfg.max_num_batched_tokens - n
-            if budget < 0:
-                return False
-            if self._head.waiting_pass_may_admit(budget) and not self._head.blocked(budget):
-                return False
+        bm, sink, blocked = self.block_manager, self.event_sink, self._head
+        bs, num_blocks = bm.block_size, bm.num_blocks
+        buckets, heap = self._buckets, self._finish_heap
+        max_tokens = self.config.max_num_batched_tokens
+        # Within the loop only finishes change the batch, the seats and the budget, and the
+        # free blocks only shrink: the waiting head is looked at again after finishes, or
+        # when a block it could hit was cached.
+        check_head = True
+        n = len(self._running)
+        while n and not self._nonlazy and not self._finished_early:
+            if check_head or bm._watch_hit:
+                budget = max_tokens - n
+                if budget < 0:
+                    return False
+                if blocked.waiting_pass_may_admit(budget) and not blocked.blocked(budget):
+                    return False
+                check_head = False
             d = self._decodes
-            if len(self._buckets[-d % bs]) > bm.get_num_free_blocks():
+            if len(buckets[-d % bs]) > bm.get_num_free_blocks():
                 return False
             self.step += 1
             if sink is not None:
                 sink.begin_step(self.step)
-            self._running_pass([])
+            self._running_pass(_NO_CHUNKS)
+            num_free = bm.get_num_free_blocks()
             if sink is not None:
-                sink.record_step(DECODE, n, n, bm.get_num_free_blocks())
-            if not on_step(n, self.num_cached_tokens + n, bm.num_used_blocks):
+                sink.record_step(DECODE, n, n, num_free)
+            if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
                 self._plain_pending = True
                 return True
             self._decodes = d + 1
             self.num_cached_tokens += n
-            heap = self._finish_heap
             if heap and heap[0][0] <= d + 1:
                 on_finished(self._finish_due([]))
+                n = len(self._running)
+                check_head = True
         return False
 
     def begin_plain_decode(self) -> int:
@@ -428,6 +449,9 @@ class FastV1Scheduler(V1Scheduler):
         self._decodes += 1
         self.num_cached_tokens += len(self._running)
         return self._finish_due([])
+
+
+_NO_CHUNKS: list[int] = []
 
 
 def _never_called(finished: list[Sequence]) -> None:

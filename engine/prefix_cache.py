@@ -8,12 +8,13 @@ it stays cached, and evictable, until the free queue hands it out again (EVICT).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 
 import numpy as np
 
 from engine.events import EventKind, EventSink
-from engine.prefix_keys import ensure_block_hashes
+from engine.prefix_keys import GEN_TAG, ensure_block_hashes
 from engine.sequence import Sequence
 
 CACHE, EVICT, CACHE_RESET = EventKind.CACHE, EventKind.EVICT, EventKind.CACHE_RESET
@@ -38,8 +39,12 @@ class PrefixCacheMixin:
         # written in one operation, and a batch of evictions pops its keys with one map().
         self._cached: dict[int, int | list[int]] = {}
         self._num_shared_keys = 0
-        self._block_key = np.zeros(self.num_blocks, dtype=np.int64)
-        self._has_key = np.zeros(self.num_blocks, dtype=bool)
+        # C arrays (one block read as cheaply as a list item) with numpy views (a table's
+        # blocks in one operation), as the BlockManager's reference counts.
+        self._block_key_c = array("q", bytes(8 * self.num_blocks))
+        self._has_key_c = array("b", bytes(self.num_blocks))
+        self._block_key = np.frombuffer(self._block_key_c, dtype=np.int64)
+        self._has_key = np.frombuffer(self._has_key_c, dtype=np.bool_)
         self.num_evictions = 0
         # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
         # them sets _watch_hit.
@@ -50,11 +55,16 @@ class PrefixCacheMixin:
         """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
         cache; the caller clears ``_has_key``."""
         cached = self._cached
-        keys: list[int] = self._block_key[block_ids].tolist()
-        if not self._num_shared_keys:
+        keys: list[int]
+        if len(block_ids) == 1 and not self._num_shared_keys:
+            keys = [self._block_key_c[block_ids[0]]]
+            del cached[keys[0]]
+        elif not self._num_shared_keys:
             # Each key maps to one block: pop them all at C speed.
+            keys = self._block_key[block_ids].tolist()
             deque(map(cached.pop, keys), maxlen=0)
         else:
+            keys = self._block_key[block_ids].tolist()
             for b, key in zip(block_ids, keys):
                 entry = cached.pop(key)
                 if entry.__class__ is not int:  # several blocks hold this content
@@ -76,6 +86,8 @@ class PrefixCacheMixin:
         tokens (the last token is always recomputed, for its logits); [] without caching."""
         if not self.enable_prefix_caching:
             return []
+        if not seq.num_preemptions and seq.prefix is not None and not seq.prefix.shared:
+            return []  # nothing but itself could have cached its blocks
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         cached = self._cached
@@ -130,8 +142,8 @@ class PrefixCacheMixin:
                     entry.append(b)  # type: ignore[union-attr]
         if num_full - start == 1:
             b = new_blocks[0]
-            self._block_key[b] = new_keys[0]
-            self._has_key[b] = True
+            self._block_key_c[b] = new_keys[0]
+            self._has_key_c[b] = 1
         else:
             index = np.array(new_blocks, dtype=np.intp)
             self._block_key[index] = new_keys
@@ -143,6 +155,40 @@ class PrefixCacheMixin:
         if sink is not None:
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
             sink.record_hashes(new_keys)
+
+    def cache_decode_block(self, seq: Sequence) -> None:
+        """``cache_blocks`` when a decode token fills exactly one block (the fast decode
+        path): its key made in O(1) from the previous one, the same events."""
+        i = seq._num_cached_blocks
+        keys = seq.block_hashes
+        if (
+            len(keys) == i
+            and seq.prefix is not None
+            and i > seq.num_prompt_tokens // self.block_size
+        ):
+            key = hash((keys[-1], GEN_TAG))
+            keys.append(key)
+        else:
+            key = ensure_block_hashes(seq, i + 1, self.block_size)[i]
+        b = seq.block_table[i]
+        cached = self._cached
+        entry = cached.get(key)
+        if entry is None:
+            cached[key] = b
+        elif entry.__class__ is int:
+            cached[key] = [entry, b]
+            self._num_shared_keys += 1
+        else:
+            entry.append(b)  # type: ignore[union-attr]
+        self._block_key_c[b] = key
+        self._has_key_c[b] = 1
+        seq._num_cached_blocks = i + 1
+        if self._watch_keys is not None and key in self._watch_keys:
+            self._watch_hit = True
+        sink = self.event_sink
+        if sink is not None:
+            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), (b,), i)
+            sink.record_hashes((key,))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
