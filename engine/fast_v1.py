@@ -284,16 +284,29 @@ class FastV1Scheduler(V1Scheduler):
         needing = self._buckets[-d % bs]
         filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
         nonlazy = self._nonlazy
-        if not nonlazy and not filling:  # each visited sequence takes a block
-            fills = caching and bs == 1  # block size 1: the token fills the block it took
-            for seq in needing:
-                bm.append_decode_block(seq)
-                if fills:
+        if not nonlazy:
+            if not filling:  # each visited sequence takes a block
+                fills = caching and bs == 1  # block size 1: the token fills the block it took
+                for seq in needing:
+                    bm.append_decode_block(seq)
+                    if fills:
+                        self._cache_decode(seq)
+            elif not needing:
+                for seq in filling:
                     self._cache_decode(seq)
-            return
-        if not nonlazy and not needing:
-            for seq in filling:
-                self._cache_decode(seq)
+            else:  # both, merged in running order (the two classes are disjoint)
+                order = self._order
+                i = j = 0
+                while i < len(needing) or j < len(filling):
+                    if j == len(filling) or (
+                        i < len(needing)
+                        and order[needing[i].seq_id] < order[filling[j].seq_id]
+                    ):
+                        bm.append_decode_block(needing[i])
+                        i += 1
+                    else:
+                        self._cache_decode(filling[j])
+                        j += 1
             return
         active = [*needing, *filling, *nonlazy]
         active.sort(key=self._order_key)
