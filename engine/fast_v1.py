@@ -299,8 +299,7 @@ class FastV1Scheduler(V1Scheduler):
                 i = j = 0
                 while i < len(needing) or j < len(filling):
                     if j == len(filling) or (
-                        i < len(needing)
-                        and order[needing[i].seq_id] < order[filling[j].seq_id]
+                        i < len(needing) and order[needing[i].seq_id] < order[filling[j].seq_id]
                     ):
                         bm.append_decode_block(needing[i])
                         i += 1
