@@ -77,7 +77,7 @@ class PrefixCacheMixin:
                         cached[key] = entry
         self.num_evictions += len(block_ids)
         sink = self.event_sink
-        if sink is not None:
+        if sink is not None and sink.prefix_cache_events:
             sink.record(EVICT, -1, self.get_num_free_blocks(), block_ids, 0)
             sink.record_hashes(keys)
 
@@ -152,7 +152,7 @@ class PrefixCacheMixin:
         if self._watch_keys is not None and not self._watch_keys.isdisjoint(new_keys):
             self._watch_hit = True
         sink = self.event_sink
-        if sink is not None:
+        if sink is not None and sink.prefix_cache_events:
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
             sink.record_hashes(new_keys)
 
@@ -186,7 +186,7 @@ class PrefixCacheMixin:
         if self._watch_keys is not None and key in self._watch_keys:
             self._watch_hit = True
         sink = self.event_sink
-        if sink is not None:
+        if sink is not None and sink.prefix_cache_events:
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), (b,), i)
             sink.record_hashes((key,))
 
@@ -200,6 +200,7 @@ class PrefixCacheMixin:
         self._cached.clear()
         self._num_shared_keys = 0
         self._has_key[:] = False
-        if self.event_sink is not None:
-            self.event_sink.record(CACHE_RESET, -1, self.num_blocks)
+        sink = self.event_sink
+        if sink is not None and sink.prefix_cache_events:
+            sink.record(CACHE_RESET, -1, self.num_blocks)
         return True
