@@ -18,7 +18,10 @@ them), with the machinery of engine/fast_decode.py applied to v1's mixed steps:
   runs the plain V1Scheduler step.
 
 ``run_plain_decodes`` / ``begin_plain_decode`` / ``end_plain_decode`` run decode-only steps
-back to back without output objects, as FastDecodeScheduler's do. Call ``sync()`` before
+back to back without output objects, as FastDecodeScheduler's do. Between ``schedule()`` and
+``update()`` of a step with prefill chunks (kind PREFILL or MIXED) every scheduled
+sequence's state is exact; in a DECODE step read the scheduler's counters
+(``num_cached_tokens``) as with FastDecodeScheduler. Call ``sync()`` before
 reading running sequences' state or calling ``check_invariants()``.
 """
 
@@ -150,6 +153,13 @@ class FastV1Scheduler(LazyV1Scheduler):
             ):
                 num_decodes += 1
         kind = DECODE if num_decodes == len(seqs) else PREFILL if num_decodes == 0 else MIXED
+        if kind is not DECODE:
+            # A cost model reads each sequence's context in a step with prefill chunks (in
+            # a decode step, scheduler.num_cached_tokens): make the decoders exact.
+            epoch = self._epoch
+            for seq in running:
+                if seq.seq_id in epoch:
+                    self._sync(seq)
         out = FastDecodeOutput(
             step=self.step,
             kind=kind,

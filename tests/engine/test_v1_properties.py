@@ -65,7 +65,7 @@ def test_every_request_ends_and_outputs_are_consistent(
     for step in result.trace:
         if step[0] == "abort":
             continue
-        _, batch, tokens, preempted, _, admitted, _, _, _ = step
+        _, batch, tokens, preempted, _, admitted, _, _, _, _ = step
         assert sum(tokens) <= budget
         assert len(batch) == len(set(batch)) <= setup["max_num_seqs"]
         assert not set(preempted) & set(batch)
