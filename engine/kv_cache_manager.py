@@ -263,11 +263,15 @@ class KVCacheManagerMixin(PrefixCacheMixin):
                 owners[b] = seq.seq_id
             refs[b] += 1
 
-    def free_sequence_v1(self, seq: Sequence) -> None:
+    def free_sequence_v1(self, seq: Sequence, preempted: bool = False) -> None:
         """Drop ``seq``'s references, its table walked in reverse: blocks that reach 0 go to
         the front of the free queue without a key, to the back with one. A second call is a
-        no-op."""
+        no-op. A ``preempted`` sequence whose prompt nobody shares remembers its cached
+        blocks (engine/prefix_cache.py)."""
         table = seq.block_table
+        private = seq.prefix is not None and not seq.prefix.shared
+        if preempted and private and seq._num_cached_blocks:
+            seq._cached_tables.append(table[: seq._num_cached_blocks])
         seq._num_cached_blocks = 0
         if not table:
             self._seqs.pop(seq.seq_id, None)

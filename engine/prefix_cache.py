@@ -45,6 +45,11 @@ class PrefixCacheMixin:
         self._has_key_c = array("b", bytes(self.num_blocks))
         self._block_key = np.frombuffer(self._block_key_c, dtype=np.int64)
         self._has_key = np.frombuffer(self._has_key_c, dtype=np.bool_)
+        self._private_c = array("b", bytes(self.num_blocks))  # cached outside the map
+        self._private = np.frombuffer(self._private_c, dtype=np.bool_)
+        self._cached_at_c = array("q", bytes(8 * self.num_blocks))  # insertion order
+        self._cached_at = np.frombuffer(self._cached_at_c, dtype=np.int64)
+        self._cache_clock = 0
         self.num_evictions = 0
         # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
         # them sets _watch_hit.
@@ -56,16 +61,30 @@ class PrefixCacheMixin:
         cache; the caller clears ``_has_key``."""
         cached = self._cached
         keys: list[int]
-        if len(block_ids) == 1 and not self._num_shared_keys:
-            keys = [self._block_key_c[block_ids[0]]]
-            del cached[keys[0]]
-        elif not self._num_shared_keys:
-            # Each key maps to one block: pop them all at C speed.
-            keys = self._block_key[block_ids].tolist()
-            deque(map(cached.pop, keys), maxlen=0)
+        if len(block_ids) == 1:
+            b = block_ids[0]
+            keys = [self._block_key_c[b]]
+            if self._private_c[b]:
+                self._private_c[b] = 0
+                in_map = []
+            else:
+                in_map = block_ids
         else:
             keys = self._block_key[block_ids].tolist()
-            for b, key in zip(block_ids, keys):
+            private = self._private[block_ids]
+            if private.any():
+                self._private[np.array(block_ids)[private]] = False
+                in_map = [b for b, p in zip(block_ids, private.tolist()) if not p]
+            else:
+                in_map = block_ids
+        if not in_map:
+            pass
+        elif not self._num_shared_keys:
+            # Each key maps to one block: pop them all at C speed.
+            map_keys = keys if in_map is block_ids else self._block_key[in_map].tolist()
+            deque(map(cached.pop, map_keys), maxlen=0)
+        else:
+            for b, key in zip(in_map, self._block_key[in_map].tolist()):
                 entry = cached.pop(key)
                 if entry.__class__ is not int:  # several blocks hold this content
                     assert isinstance(entry, list)
@@ -86,8 +105,8 @@ class PrefixCacheMixin:
         tokens (the last token is always recomputed, for its logits); [] without caching."""
         if not self.enable_prefix_caching:
             return []
-        if not seq.num_preemptions and seq.prefix is not None and not seq.prefix.shared:
-            return []  # nothing but itself could have cached its blocks
+        if seq.prefix is not None and not seq.prefix.shared:
+            return self._find_private_prefix(seq)
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         cached = self._cached
@@ -115,6 +134,32 @@ class PrefixCacheMixin:
             hits.append(entry if isinstance(entry, int) else entry[0])
         return hits
 
+    def _find_private_prefix(self, seq: Sequence) -> list[int]:
+        """``find_cached_prefix`` of a sequence whose blocks only it can hit: among the
+        blocks of its earlier tables still carrying its key, the earliest cached."""
+        tables = seq._cached_tables
+        hits: list[int] = []
+        if not tables:
+            return hits  # nothing but itself could have cached its blocks
+        bs = self.block_size
+        max_blocks = min((seq.num_tokens - 1) // bs, max(len(t) for t in tables))
+        keys = ensure_block_hashes(seq, max_blocks, bs)
+        has_key, private, block_key = self._has_key_c, self._private_c, self._block_key_c
+        cached_at = self._cached_at_c
+        for i in range(max_blocks):
+            key = keys[i]
+            best = -1
+            for table in tables:
+                if i < len(table):
+                    b = table[i]
+                    ours = has_key[b] and private[b] and block_key[b] == key
+                    if ours and (best < 0 or cached_at[b] < cached_at[best]):
+                        best = b
+            if best < 0:
+                break
+            hits.append(best)
+        return hits
+
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Cache ``seq``'s full blocks among its first ``num_tokens`` tokens (those not yet
         cached), under their chained keys."""
@@ -128,7 +173,10 @@ class PrefixCacheMixin:
         cached = self._cached
         new_keys = keys[start:num_full]
         new_blocks = table[start:num_full]
-        if cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
+        private = seq.prefix is not None and not seq.prefix.shared
+        if private:
+            pass  # out of the map: see the module docstring
+        elif cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
             cached.update(zip(new_keys, new_blocks))  # the usual case: content not cached yet
         else:
             for b, key in zip(new_blocks, new_keys):
@@ -144,10 +192,19 @@ class PrefixCacheMixin:
             b = new_blocks[0]
             self._block_key_c[b] = new_keys[0]
             self._has_key_c[b] = 1
+            if private:
+                self._private_c[b] = 1
+                self._cached_at_c[b] = self._cache_clock
         else:
             index = np.array(new_blocks, dtype=np.intp)
             self._block_key[index] = new_keys
             self._has_key[index] = True
+            if private:
+                self._private[index] = True
+                self._cached_at[index] = np.arange(
+                    self._cache_clock, self._cache_clock + len(index), dtype=np.int64
+                )
+        self._cache_clock += num_full - start
         seq._num_cached_blocks = num_full
         if self._watch_keys is not None and not self._watch_keys.isdisjoint(new_keys):
             self._watch_hit = True
@@ -171,15 +228,20 @@ class PrefixCacheMixin:
         else:
             key = ensure_block_hashes(seq, i + 1, self.block_size)[i]
         b = seq.block_table[i]
-        cached = self._cached
-        entry = cached.get(key)
-        if entry is None:
-            cached[key] = b
-        elif entry.__class__ is int:
-            cached[key] = [entry, b]
-            self._num_shared_keys += 1
+        if seq.prefix is not None and not seq.prefix.shared:
+            self._private_c[b] = 1
+            self._cached_at_c[b] = self._cache_clock
         else:
-            entry.append(b)  # type: ignore[union-attr]
+            cached = self._cached
+            entry = cached.get(key)
+            if entry is None:
+                cached[key] = b
+            elif entry.__class__ is int:
+                cached[key] = [entry, b]
+                self._num_shared_keys += 1
+            else:
+                entry.append(b)  # type: ignore[union-attr]
+        self._cache_clock += 1
         self._block_key_c[b] = key
         self._has_key_c[b] = 1
         seq._num_cached_blocks = i + 1
@@ -200,6 +262,7 @@ class PrefixCacheMixin:
         self._cached.clear()
         self._num_shared_keys = 0
         self._has_key[:] = False
+        self._private[:] = False
         sink = self.event_sink
         if sink is not None and sink.prefix_cache_events:
             sink.record(CACHE_RESET, -1, self.num_blocks)
