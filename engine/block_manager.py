@@ -336,6 +336,7 @@ class BlockManager(KVCacheManagerMixin):
                 self._seqs,
                 self._cached,
                 [k if h else None for k, h in zip(self._block_key.tolist(), self._has_key)],
+                self._private_c,
             )
             return
         check_block_manager(

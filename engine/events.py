@@ -58,6 +58,10 @@ NO_SEQ = -1
 class EventSink(Protocol):
     """Where the BlockManager and Scheduler send events."""
 
+    # Whether to send CACHE, EVICT and CACHE_RESET events (and their keys): one or two per
+    # block under v1 prefix caching, which a consumer that only needs PREFIX_HIT may skip.
+    prefix_cache_events: bool
+
     def begin_step(self, step: int) -> None:
         """Stamp the events that follow with scheduler step ``step``."""
 
@@ -208,12 +212,14 @@ class EventRecorder:
         keep_kinds: Iterable[EventKind] | None = None,
         keep_block_ids: bool = True,
         keep_block_hashes: bool = False,
+        prefix_cache_events: bool = True,
     ) -> None:
         """``on_chunk`` receives every packed chunk; the recorder itself keeps the events of
         ``keep_kinds`` only (all kinds when None) and, without ``keep_block_ids``, only each
         event's first block id (column ``first_block``, -1 for none), so a streamed run stays
         small in memory. With ``keep_block_hashes`` it keeps the keys of every CACHE and
-        EVICT event's blocks (``block_hashes()``), for a KV-event export."""
+        EVICT event's blocks (``block_hashes()``), for a KV-event export; without
+        ``prefix_cache_events`` the engine sends no CACHE, EVICT or CACHE_RESET events."""
         self.clock = clock
         self.step = 0
         self.chunk_size = chunk_size
@@ -221,6 +227,7 @@ class EventRecorder:
         self.keep_kinds = None if keep_kinds is None else np.array(sorted(keep_kinds))
         self.keep_block_ids = keep_block_ids
         self.keep_block_hashes = keep_block_hashes
+        self.prefix_cache_events = prefix_cache_events
         self._block_hashes = array("q")
         self._rows = bytearray()  # packed _ROW structs
         self._rows_limit = chunk_size * _ROW.size

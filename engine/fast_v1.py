@@ -18,24 +18,24 @@ them), with the machinery of engine/fast_decode.py applied to v1's mixed steps:
   runs the plain V1Scheduler step.
 
 ``run_plain_decodes`` / ``begin_plain_decode`` / ``end_plain_decode`` run decode-only steps
-back to back without output objects, as FastDecodeScheduler's do. Call ``sync()`` before
+back to back without output objects, as FastDecodeScheduler's do. Between ``schedule()`` and
+``update()`` of a step with prefill chunks (kind PREFILL or MIXED) every scheduled
+sequence's state is exact; in a DECODE step read the scheduler's counters
+(``num_cached_tokens``) as with FastDecodeScheduler. Call ``sync()`` before
 reading running sequences' state or calling ``check_invariants()``.
 """
 
 from __future__ import annotations
 
-import heapq
-from bisect import insort
 from collections.abc import Callable
 
 from engine.block_manager import BlockManager
-from engine.blocked_head import BlockedHead
 from engine.errors import SchedulerError
 from engine.events import EventKind, EventSink, StepKind
 from engine.fast_decode import FastDecodeOutput, FastDecodeScheduler, PlainStepCallback
+from engine.lazy_v1 import LazyV1Scheduler
 from engine.scheduler_output import SchedulerConfig, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
-from engine.v1_scheduler import V1Scheduler
 
 RUNNING = SequenceStatus.RUNNING  # module constants: see engine/scheduler.py
 FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
@@ -43,7 +43,7 @@ FINISH = EventKind.FINISH
 PREFILL, DECODE, MIXED = StepKind.PREFILL, StepKind.DECODE, StepKind.MIXED
 
 
-class FastV1Scheduler(V1Scheduler):
+class FastV1Scheduler(LazyV1Scheduler):
     """V1Scheduler whose decodes cost O(blocks taken or filled); every sampled decode token
     is taken to be ``token`` (sequences must not be stoppable by a token)."""
 
@@ -55,114 +55,10 @@ class FastV1Scheduler(V1Scheduler):
         *,
         token: int = 0,
     ) -> None:
-        super().__init__(config, block_manager, event_sink)
-        self.token = token
-        self._decodes = 0  # fast steps updated so far
-        self._next_order = 0
-        self._order: dict[int, int] = {}  # running seq_id -> admission number
-        self._epoch: dict[int, tuple[int, int]] = {}  # lazy seq_id -> (mark, bucket)
-        self._buckets: list[list[Sequence]] = [[] for _ in range(block_manager.block_size)]
-        self._finish_heap: list[tuple[int, int, Sequence]] = []  # (decode no, order, seq)
-        self._nonlazy: list[Sequence] = []  # running, still prefilling, in running order
+        super().__init__(config, block_manager, event_sink, token=token)
         self._fast_out: SchedulerOutput | None = None
         self._fast_batch: list[tuple[Sequence, int, int]] = []  # nonlazy (seq, n, position)
         self._plain_pending = False
-        self._head = BlockedHead(self)
-        self._order_key: Callable[[Sequence], int] = lambda s: self._order[s.seq_id]
-
-    # --- lazy state ---------------------------------------------------------------------------
-
-    def _join(self, seq: Sequence) -> None:
-        """``seq`` runs and decodes: track it lazily from the current fast-step count."""
-        d = self._decodes
-        c = seq.cached_token_count
-        bucket = (c - d) % self.block_manager.block_size
-        self._epoch[seq.seq_id] = (d, bucket)
-        order = self._order[seq.seq_id]
-        heapq.heappush(self._finish_heap, (d + seq._finish_cached_count - c, order, seq))
-        insort(self._buckets[bucket], seq, key=self._order_key)
-
-    def _sync(self, seq: Sequence) -> None:
-        mark, bucket = self._epoch[seq.seq_id]
-        delta = self._decodes - mark
-        if delta:
-            seq.cached_token_count += delta
-            seq.generated_token_ids.extend([self.token] * delta)
-            seq.last_token_id = self.token
-            self._epoch[seq.seq_id] = (self._decodes, bucket)
-
-    def sync(self) -> None:
-        """Bring every running sequence's state up to date."""
-        for seq in self._running:
-            if seq.seq_id in self._epoch:
-                self._sync(seq)
-
-    def _leave(self, seq: Sequence) -> None:
-        """``seq`` stops running or waiting: make it exact and stop tracking it."""
-        self._head.drop()
-        if seq.seq_id in self._epoch:
-            self._sync(seq)
-            self._buckets[self._epoch.pop(seq.seq_id)[1]].remove(seq)  # a C scan by identity
-        elif seq in self._nonlazy:
-            self._nonlazy.remove(seq)
-        self._order.pop(seq.seq_id, None)
-
-    def _detach_all(self) -> None:
-        """Make every running sequence exact and untracked (before a plain step)."""
-        self.sync()
-        self._epoch.clear()
-        for bucket in self._buckets:
-            bucket.clear()
-        self._finish_heap.clear()
-        self._nonlazy = list(self._running)
-        self._head.drop()
-
-    def _attach_all(self) -> None:
-        """Track every running sequence again (after a plain step), in running order."""
-        d, bs = self._decodes, self.block_manager.block_size
-        nonlazy: list[Sequence] = []
-        heap = self._finish_heap
-        for seq in self._running:
-            c = seq.cached_token_count
-            if c + 1 == seq.num_prompt_tokens + len(seq.generated_token_ids):
-                bucket = (c - d) % bs
-                self._epoch[seq.seq_id] = (d, bucket)
-                self._buckets[bucket].append(seq)
-                heap.append((d + seq._finish_cached_count - c, self._order[seq.seq_id], seq))
-            else:
-                nonlazy.append(seq)
-        heapq.heapify(heap)
-        self._nonlazy = nonlazy
-
-    # --- overrides ----------------------------------------------------------------------------
-
-    def add_request(self, seq: Sequence) -> None:
-        if seq._stop_ids:
-            raise SchedulerError(
-                f"sequence {seq.seq_id} can be stopped by a token; FastV1Scheduler runs only "
-                "placeholder tokens (use ignore_eos and no stop ids)"
-            )
-        self._head.drop()
-        super().add_request(seq)
-
-    def _on_admit(self, seq: Sequence) -> None:
-        self._order[seq.seq_id] = self._next_order
-        self._next_order += 1
-        self._nonlazy.append(seq)
-
-    def _finish(self, seq: Sequence, status: SequenceStatus, kind: EventKind) -> None:
-        self._leave(seq)
-        super()._finish(seq, status, kind)
-
-    def _preempt(self, seq: Sequence) -> None:
-        self._leave(seq)
-        super()._preempt(seq)
-
-    def abort(self, seq_id: int) -> bool:
-        seq = self._unfinished.get(seq_id)
-        if seq is not None and seq_id in self._epoch:
-            self._sync(seq)
-        return super().abort(seq_id)
 
     # --- schedule -----------------------------------------------------------------------------
 
@@ -257,6 +153,13 @@ class FastV1Scheduler(V1Scheduler):
             ):
                 num_decodes += 1
         kind = DECODE if num_decodes == len(seqs) else PREFILL if num_decodes == 0 else MIXED
+        if kind is not DECODE:
+            # A cost model reads each sequence's context in a step with prefill chunks (in
+            # a decode step, scheduler.num_cached_tokens): make the decoders exact.
+            epoch = self._epoch
+            for seq in running:
+                if seq.seq_id in epoch:
+                    self._sync(seq)
         out = FastDecodeOutput(
             step=self.step,
             kind=kind,
@@ -280,16 +183,36 @@ class FastV1Scheduler(V1Scheduler):
         taking or filling a block, and prefilling sequences, in running order."""
         bm = self.block_manager
         bs, d = bm.block_size, self._decodes
+        caching = bm.enable_prefix_caching
         needing = self._buckets[-d % bs]
-        filling = self._buckets[(-d - 1) % bs] if bm.enable_prefix_caching else []
-        chunk_of = {id(s): n for s, n in zip(self._nonlazy, chunks)}
-        if not chunk_of and bs > 1 and not filling:
-            for seq in needing:
-                bm.append_decode_block(seq)
+        filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
+        nonlazy = self._nonlazy
+        if not nonlazy:
+            if not filling:  # each visited sequence takes a block
+                fills = caching and bs == 1  # block size 1: the token fills the block it took
+                for seq in needing:
+                    bm.append_decode_block(seq)
+                    if fills:
+                        self._cache_decode(seq)
+            elif not needing:
+                for seq in filling:
+                    self._cache_decode(seq)
+            else:  # both, merged in running order (the two classes are disjoint)
+                order = self._order
+                i = j = 0
+                while i < len(needing) or j < len(filling):
+                    if j == len(filling) or (
+                        i < len(needing) and order[needing[i].seq_id] < order[filling[j].seq_id]
+                    ):
+                        bm.append_decode_block(needing[i])
+                        i += 1
+                    else:
+                        self._cache_decode(filling[j])
+                        j += 1
             return
-        active = [*needing, *self._nonlazy] if bs == 1 else [*needing, *filling, *self._nonlazy]
-        if len(active) > 1:
-            active.sort(key=self._order_key)
+        active = [*needing, *filling, *nonlazy]
+        active.sort(key=self._order_key)
+        chunk_of = {id(s): n for s, n in zip(nonlazy, chunks)}
         needs = {id(s) for s in needing}
         max_len = self.config.max_model_len
         for seq in active:
@@ -299,14 +222,18 @@ class FastV1Scheduler(V1Scheduler):
                     seq, n, [], full_sequence_tokens=0, watermark_blocks=0, max_model_len=max_len
                 )
                 assert ok, "a planned allocation failed"
-                continue
-            if id(seq) in needs:
+            elif id(seq) in needs:
                 bm.append_decode_block(seq)
-            if bm.enable_prefix_caching and (bs == 1 or id(seq) not in needs):
-                if seq.prefix is None:
-                    self._sync(seq)  # its keys are made from its tokens
-                mark = self._epoch[seq.seq_id][0]
-                bm.cache_blocks(seq, seq.cached_token_count + d - mark + 1)
+                if caching and bs == 1:
+                    self._cache_decode(seq)
+            else:
+                self._cache_decode(seq)
+
+    def _cache_decode(self, seq: Sequence) -> None:
+        """Cache the block a lazily tracked decoder's token fills this step."""
+        if seq.prefix is None:
+            self._sync(seq)  # its keys are made from its tokens
+        self.block_manager.cache_decode_block(seq)
 
     # --- update -------------------------------------------------------------------------------
 
@@ -347,28 +274,6 @@ class FastV1Scheduler(V1Scheduler):
         self._fast_batch = []
         return self._finish_due(done)
 
-    def _finish_due(self, done: list[Sequence]) -> list[Sequence]:
-        """Finish ``done`` and the decoders at their length limit, in running order; returns
-        them after any rejected while scheduling."""
-        finished, self._finished_early = self._finished_early, []
-        d = self._decodes
-        heap, epoch, order = self._finish_heap, self._epoch, self._order
-        while heap and heap[0][0] <= d:
-            _, number, seq = heapq.heappop(heap)
-            if seq.seq_id not in epoch or order.get(seq.seq_id) != number:
-                continue  # it left (or was re-admitted) since
-            self._sync(seq)
-            seq.finish_reason = "length"
-            done.append(seq)
-        if done:
-            if len(done) > 1:
-                done.sort(key=self._order_key)
-            for seq in done:
-                self._finish(seq, FINISHED_LENGTH, FINISH)
-            self._drop_finished(done)
-            finished.extend(done)
-        return finished
-
     # --- plain decode steps without output objects (the simulator's multi-step loop) -------
 
     def run_plain_decodes(
@@ -379,33 +284,42 @@ class FastV1Scheduler(V1Scheduler):
         waiting sequence can be admitted. Same callbacks and return value."""
         if self._pending is not None or self._plain_pending:
             raise SchedulerError("a step is pending; update it before starting another")
-        cfg, bm, sink = self.config, self.block_manager, self.event_sink
-        bs = bm.block_size
-        running = self._running
-        while running and not self._nonlazy and not self._finished_early:
-            n = len(running)
-            budget = cfg.max_num_batched_tokens - n
-            if budget < 0:
-                return False
-            if self._head.waiting_pass_may_admit(budget) and not self._head.blocked(budget):
-                return False
+        bm, sink, blocked = self.block_manager, self.event_sink, self._head
+        bs, num_blocks = bm.block_size, bm.num_blocks
+        buckets, heap = self._buckets, self._finish_heap
+        max_tokens = self.config.max_num_batched_tokens
+        # Within the loop only finishes change the batch, the seats and the budget, and the
+        # free blocks only shrink: the waiting head is looked at again after finishes, or
+        # when a block it could hit was cached.
+        check_head = True
+        n = len(self._running)
+        while n and not self._nonlazy and not self._finished_early:
+            if check_head or bm._watch_hit:
+                budget = max_tokens - n
+                if budget < 0:
+                    return False
+                if blocked.waiting_pass_may_admit(budget) and not blocked.blocked(budget):
+                    return False
+                check_head = False
             d = self._decodes
-            if len(self._buckets[-d % bs]) > bm.get_num_free_blocks():
+            if len(buckets[-d % bs]) > bm.get_num_free_blocks():
                 return False
             self.step += 1
             if sink is not None:
                 sink.begin_step(self.step)
-            self._running_pass([])
+            self._running_pass(_NO_CHUNKS)
+            num_free = bm.get_num_free_blocks()
             if sink is not None:
-                sink.record_step(DECODE, n, n, bm.get_num_free_blocks())
-            if not on_step(n, self.num_cached_tokens + n, bm.num_used_blocks):
+                sink.record_step(DECODE, n, n, num_free)
+            if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
                 self._plain_pending = True
                 return True
             self._decodes = d + 1
             self.num_cached_tokens += n
-            heap = self._finish_heap
             if heap and heap[0][0] <= d + 1:
                 on_finished(self._finish_due([]))
+                n = len(self._running)
+                check_head = True
         return False
 
     def begin_plain_decode(self) -> int:
@@ -428,6 +342,9 @@ class FastV1Scheduler(V1Scheduler):
         self._decodes += 1
         self.num_cached_tokens += len(self._running)
         return self._finish_due([])
+
+
+_NO_CHUNKS: list[int] = []
 
 
 def _never_called(finished: list[Sequence]) -> None:

@@ -87,6 +87,7 @@ def check_v1_block_manager(
     seqs: Mapping[int, Sequence],
     cached: Mapping[int, int | list[int]],
     block_key: Ints[int | None],
+    private: Ints[int],
 ) -> None:
     """The v1 pool's invariants (engine/kv_cache_manager.py): free queue, reference counts,
     prefix cache and each holder's progress. Raise ``InvariantError`` at the first broken
@@ -125,19 +126,24 @@ def check_v1_block_manager(
                 f"block {b} is in {holders[b]} tables but has ref count {ref_counts[b]}"
             )
     # 3. the prefix cache: every key maps to blocks carrying that key, and every keyed block
-    #    is found under its key exactly once.
+    #    is found under its key exactly once (but those cached privately: out of the map).
     mapped = 0
     for key, entry in cached.items():
         blocks = [entry] if isinstance(entry, int) else entry
         if not blocks or len(set(blocks)) != len(blocks):
             raise InvariantError(f"prefix-cache key {key} maps to {blocks}")
         for b in blocks:
+            if private[b]:
+                raise InvariantError(f"block {b} is cached privately but in the map")
             if block_key[b] != key:
                 raise InvariantError(
                     f"block {b} is cached under key {key} but carries {block_key[b]}"
                 )
         mapped += len(blocks)
-    num_keyed = sum(1 for k in block_key if k is not None)
+    for b in range(num_blocks):
+        if private[b] and block_key[b] is None:
+            raise InvariantError(f"block {b} is marked cached privately but carries no key")
+    num_keyed = sum(1 for b, k in enumerate(block_key) if k is not None and not private[b])
     if mapped != num_keyed:
         raise InvariantError(f"{num_keyed} blocks carry keys but the cache maps {mapped}")
     # 4. each holder: its table covers its computed tokens (and at most all its tokens); its

@@ -96,8 +96,8 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             b = blocks[0]
             self._queue_pos[b] = _NOT_QUEUED
             self._ref_counts[b] = 1
-            if self.enable_prefix_caching and self._has_key[b]:
-                self._has_key[b] = False
+            if self._has_key_c[b]:
+                self._has_key_c[b] = 0
                 self._evict(blocks)
         elif n:
             index = np.array(blocks, dtype=np.intp)
@@ -234,7 +234,19 @@ class KVCacheManagerMixin(PrefixCacheMixin):
     def append_decode_block(self, seq: Sequence) -> None:
         """``allocate_slots`` of a running sequence whose next token starts a new block (the
         fast decode path): one block from the free queue, the same events."""
-        b = self._pop_free(1)[0]
+        free, head = self._free, self._head
+        b = free[head]
+        if self._num_stale and self._queue_pos[b] != head:
+            b = self._pop_free(1)[0]
+        else:  # _pop_free(1), inlined: most decode steps of a small block size take one
+            self._head = head + 1
+            if head > 4096 and head * 2 > len(free):
+                self._compact()
+            self._queue_pos[b] = _NOT_QUEUED
+            self._ref_counts[b] = 1
+            if self._has_key_c[b]:
+                self._has_key_c[b] = 0
+                self._evict([b])
         self._owners[b] = seq.seq_id
         seq.block_table.append(b)
         if self.event_sink is not None:
@@ -251,11 +263,15 @@ class KVCacheManagerMixin(PrefixCacheMixin):
                 owners[b] = seq.seq_id
             refs[b] += 1
 
-    def free_sequence_v1(self, seq: Sequence) -> None:
+    def free_sequence_v1(self, seq: Sequence, preempted: bool = False) -> None:
         """Drop ``seq``'s references, its table walked in reverse: blocks that reach 0 go to
         the front of the free queue without a key, to the back with one. A second call is a
-        no-op."""
+        no-op. A ``preempted`` sequence whose prompt nobody shares remembers its cached
+        blocks (engine/prefix_cache.py)."""
         table = seq.block_table
+        private = seq.prefix is not None and not seq.prefix.shared
+        if preempted and private and seq._num_cached_blocks:
+            seq._cached_tables.append(table[: seq._num_cached_blocks])
         seq._num_cached_blocks = 0
         if not table:
             self._seqs.pop(seq.seq_id, None)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _TOKEN_ROOT = -0x6B76_7369_6D00  # parent "hash" of a token-keyed sequence's first block
 _HASH_ID_ROOT = -0x6B76_7369_6D01  # start of a hash-id chain
 _UNIQUE = -0x6B76_7369_6D02  # prompt blocks shared with nobody (salted by seq_id)
-_GEN = -0x6B76_7369_6D03  # a block holding placeholder (generated) tokens
+GEN_TAG = -0x6B76_7369_6D03  # a block holding placeholder (generated) tokens
 _PROMPT_END = -0x6B76_7369_6D04  # the identity of a whole prompt
 
 
@@ -52,19 +52,39 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return mixed
 
 
+_MASK = (1 << 64) - 1
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` of one uint64 held in a Python int (a few keys: cheaper than numpy)."""
+    x = (x + _GOLDEN) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
 def _block_keys(parents: np.ndarray, start: int, end: int) -> list[int]:
     """Keys of blocks start..end-1 from each block's identifying value ``parents`` (int64):
     mix(parent xor mix(block index)), as signed 64-bit ints."""
+    if end - start <= 4:
+        keys: list[int] = []
+        for parent, i in zip(parents.tolist(), range(start, end)):
+            key = _mix_int((parent & _MASK) ^ _mix_int(i))
+            keys.append(key - (1 << 64) if key >> 63 else key)
+        return keys
     index = np.arange(start, end, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        keys = _mix(parents.view(np.uint64) ^ _mix(index))
-    return keys.view(np.int64).tolist()  # type: ignore[no-any-return]
+        mixed = _mix(parents.view(np.uint64) ^ _mix(index))
+    return mixed.view(np.int64).tolist()  # type: ignore[no-any-return]
 
 
 class PrefixSource:
     """Keys of a prompt's full blocks without its token ids (see the module docstring)."""
 
     __slots__ = ()
+    # False when no other request can share the prompt's blocks: a sequence's first lookup
+    # then cannot hit and is skipped.
+    shared = True
 
     def prompt_block_keys(self, salt: int, start: int, end: int, block_size: int) -> list[int]:
         """Keys of full prompt blocks ``start .. end - 1``; ``salt`` is the seq_id."""
@@ -76,9 +96,11 @@ class PrefixSource:
 
 
 class UniquePrefix(PrefixSource):
-    """A prompt no other request shares (its keys are salted with the seq_id)."""
+    """A prompt no other request shares (its keys are salted with the seq_id, which must
+    then be unique among the BlockManager's sequences)."""
 
     __slots__ = ()
+    shared = False
 
     def prompt_block_keys(self, salt: int, start: int, end: int, block_size: int) -> list[int]:
         return _block_keys(np.full(end - start, hash((_UNIQUE, salt)), dtype=np.int64), start, end)
@@ -194,6 +216,6 @@ def ensure_block_hashes(seq: Sequence, num_blocks: int, block_size: int) -> list
     if have < num_blocks:
         parent = keys[-1] if have > num_prompt_blocks else source.prompt_key(seq.seq_id, num_prompt)
         for _ in range(have, num_blocks):
-            parent = hash((parent, _GEN))
+            parent = hash((parent, GEN_TAG))
             keys.append(parent)
     return keys

@@ -79,6 +79,7 @@ class Sequence:
     """
 
     __slots__ = (
+        "_cached_tables",
         "_finish_cached_count",
         "_num_cached_blocks",
         "_stop_ids",
@@ -133,6 +134,9 @@ class Sequence:
         # preemptions; and how many leading blocks of block_table are in the prefix cache.
         self.block_hashes: list[int] = []
         self._num_cached_blocks = 0
+        # The cached part of each table it was preempted with (private prefix caching:
+        # engine/prefix_cache.py).
+        self._cached_tables: list[list[int]] = []
         # Hot-path copies: update() checks these once per sequence per step. After every
         # step cached_token_count == num_tokens - 1, so "max_tokens generated" is reached
         # exactly when cached_token_count hits this count (the Scheduler lowers it for

@@ -306,7 +306,7 @@ class V1Scheduler(Scheduler):
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_cached_tokens -= seq.cached_token_count
-        self.block_manager.free_sequence_v1(seq)
+        self.block_manager.free_sequence_v1(seq, preempted=True)
         seq.cached_token_count = 0
         seq.status = WAITING
         seq.num_preemptions += 1

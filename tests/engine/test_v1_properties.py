@@ -5,7 +5,9 @@ sizes, budgets, thresholds, policies, caching, chunking, watermarks and max_mode
 Every step checks the BlockManager's v1 invariants (reference counts, the prefix-cache map,
 the free queue with its evictable blocks, each holder's chunk progress), and the cost-mode
 FastV1Scheduler must give exactly the plain V1Scheduler's steps, events, block ids, cache
-keys and final sequences.
+keys and final sequences. ``V1Machine`` runs the two side by side as a hypothesis state
+machine (arrivals, steps with and without a mid-step abort, aborts), comparing every step
+and checking invariants after every rule.
 """
 
 from __future__ import annotations
@@ -14,9 +16,19 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from v1_drive import drive, op, v1_setups
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from v1_drive import drive, make_prompt, op, v1_setups
 
-from engine import SequenceStatus
+from engine import (
+    BlockManager,
+    EventRecorder,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    SequenceStatus,
+)
+from engine.fast_decode import FastDecodeScheduler
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,7 +65,7 @@ def test_every_request_ends_and_outputs_are_consistent(
     for step in result.trace:
         if step[0] == "abort":
             continue
-        _, batch, tokens, preempted, _, admitted, _, _, _ = step
+        _, batch, tokens, preempted, _, admitted, _, _, _, _ = step
         assert sum(tokens) <= budget
         assert len(batch) == len(set(batch)) <= setup["max_num_seqs"]
         assert not set(preempted) & set(batch)
@@ -69,3 +81,93 @@ def test_every_request_ends_and_outputs_are_consistent(
                 max_len is not None and seq.num_tokens == max_len
             )
         assert seq.block_table == []
+
+
+class V1Machine(RuleBasedStateMachine):
+    """The plain V1Scheduler and the FastV1Scheduler side by side, rule by rule: same
+    outputs after every step, invariants after every rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair: list[Any] = []
+        self.next_id = 0
+
+    @initialize(setup=v1_setups())
+    def build(self, setup: dict[str, Any]) -> None:
+        self.setup = setup
+        for fast in (False, True):
+            recorder = EventRecorder()
+            bm = BlockManager(
+                setup["num_blocks"],
+                setup["block_size"],
+                setup["watermark"],
+                event_sink=recorder,
+                enable_prefix_caching=setup["caching"],
+            )
+            config = SchedulerConfig(
+                max_num_seqs=setup["max_num_seqs"],
+                max_num_batched_tokens=setup["max_num_batched_tokens"],
+                max_model_len=setup["max_model_len"],
+                scheduler="v1",
+                enable_chunked_prefill=setup["chunked"],
+                long_prefill_token_threshold=setup["threshold"],
+                policy=setup["policy"],
+            )
+            self.pair.append((FastDecodeScheduler if fast else Scheduler)(config, bm))
+
+    @rule(
+        mask=st.integers(0, 31),
+        own=st.integers(0, 12),
+        out=st.integers(1, 30),
+        prio=st.integers(0, 3),
+    )
+    def add(self, mask: int, own: int, out: int, prio: int) -> None:
+        prompt = make_prompt(mask, own, self.next_id)
+        for sched in self.pair:
+            params = SamplingParams(max_tokens=out, ignore_eos=True)
+            arrival = float(self.next_id // 3)
+            sched.add_request(Sequence(self.next_id, list(prompt), params, arrival, prio))
+        self.next_id += 1
+
+    @rule(abort=st.one_of(st.none(), st.integers(0, 30)))
+    def step(self, abort: int | None) -> None:
+        results = []
+        for sched in self.pair:
+            out = sched.schedule()
+            aborted = sched.abort(abort) if abort is not None else None
+            finished = sched.update(out, [0] * out.num_seqs)
+            results.append(
+                (
+                    [(s.seq_id, n) for s, n in zip(out.seqs, out.num_new_tokens)],
+                    [s.seq_id for s in out.preempted],
+                    [s.seq_id for s in out.rejected],
+                    [(s.seq_id, s.prefix_hit_tokens) for s in out.admitted],
+                    [s.seq_id for s in finished],
+                    aborted,
+                    sched.num_cached_tokens,
+                    sched.block_manager.get_num_free_blocks(),
+                )
+            )
+        assert results[0] == results[1]
+
+    @rule(seq_id=st.integers(0, 30))
+    def abort_between_steps(self, seq_id: int) -> None:
+        assert self.pair[0].abort(seq_id) == self.pair[1].abort(seq_id)
+
+    @invariant()
+    def pools_are_sound(self) -> None:
+        for sched in self.pair:
+            getattr(sched, "sync", lambda: None)()
+            sched.block_manager.check_invariants()
+        if self.pair:
+            plain, fast = (s.block_manager for s in self.pair)
+            assert plain.event_sink.columns()[0]["kind"].tolist() == (
+                fast.event_sink.columns()[0]["kind"].tolist()
+            )
+
+
+V1Machine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+TestV1Machine = V1Machine.TestCase

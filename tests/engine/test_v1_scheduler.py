@@ -278,3 +278,20 @@ def test_the_v1_scheduler_needs_a_fresh_paged_pool():
         Scheduler(SchedulerConfig(scheduler="v1"), bm)
     with pytest.raises(SchedulerError, match="scheduler='v1'"):
         V1Scheduler(SchedulerConfig(), BlockManager(8, 4))
+
+
+def test_prefix_cache_events_can_be_left_out():
+    def events(flag):
+        recorder = EventRecorder(prefix_cache_events=flag)
+        sched, bm = v1(num_blocks=8, sink=recorder)
+        for i in range(5):
+            sched.add_request(seq(i, 9, max_tokens=6))
+        run_to_completion(sched)
+        assert bm.reset_prefix_cache()
+        cols, _ = recorder.columns()
+        return [(EventKind(k), s) for k, s in zip(cols["kind"], cols["seq_id"])]
+
+    full, lean = events(True), events(False)
+    skipped = {EventKind.CACHE, EventKind.EVICT, EventKind.CACHE_RESET}
+    assert {k for k, _ in full} >= skipped
+    assert lean == [e for e in full if e[0] not in skipped]

@@ -106,7 +106,9 @@ def drive(
                 sync()
             bm.check_invariants()
 
-    def step_record(out: Any, finished: list[Sequence], used: int) -> None:
+    def step_record(
+        out: Any, finished: list[Sequence], used: int, contexts: list[int] | None
+    ) -> None:
         trace.append(
             (
                 out.kind,
@@ -118,14 +120,22 @@ def drive(
                 [s.seq_id for s in finished],
                 sched.num_cached_tokens,
                 used,
+                contexts,
             )
         )
+
+    def contexts_of(out: Any) -> list[int] | None:
+        """Each sequence's computed tokens as the step runs, when a cost model reads them."""
+        if out.kind is StepKind.DECODE:
+            return None
+        return [s.cached_token_count for s in out.seqs]
 
     def one_step() -> None:
         out = sched.schedule()
         used = bm.num_used_blocks
+        contexts = contexts_of(out)
         finished = sched.update(out, [0] * out.num_seqs)
-        step_record(out, finished, used)
+        step_record(out, finished, used, contexts)
         checked()
 
     for kind, a, b, c, d in ops:
@@ -152,10 +162,11 @@ def drive(
             checked()
         elif kind == "abort_mid_step":
             out = sched.schedule()
+            contexts = contexts_of(out)
             trace.append(("abort", a, sched.abort(a)))
             used = bm.num_used_blocks
             finished = sched.update(out, [0] * out.num_seqs)
-            step_record(out, finished, used)
+            step_record(out, finished, used, contexts)
             checked()
         elif kind == "run" and fast:
             a -= run_plain(sched, bm, a, trace)
@@ -187,8 +198,8 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any]) ->
     steps: list[list[Any]] = []
 
     def close_last() -> None:
-        if steps and steps[-1][-2] is None:
-            steps[-1][-2] = sched.num_cached_tokens
+        if steps and steps[-1][7] is None:
+            steps[-1][7] = sched.num_cached_tokens
 
     def on_step(num_seqs: int, context_tokens: int, num_used_blocks: int) -> bool:
         close_last()
@@ -196,7 +207,7 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any]) ->
         assert num_used_blocks == bm.num_used_blocks
         batch = [s.seq_id for s in sched.running]
         steps.append(
-            [StepKind.DECODE, batch, [1] * num_seqs, [], [], [], [], None, num_used_blocks]
+            [StepKind.DECODE, batch, [1] * num_seqs, [], [], [], [], None, num_used_blocks, None]
         )
         return len(steps) < max_steps
 
