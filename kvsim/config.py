@@ -19,13 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kvsim.costmodel.gpuspec import GPU_PRESETS
+from kvsim.costmodel.gpuspec import GPU_PRESETS, GPUSpec
+from kvsim.costmodel.memory_plan import serving_batch_defaults
 from kvsim.errors import KvsimError
 
 Mode = Literal["cost", "engine"]
 Allocator = Literal["paged", "max", "pow2", "oracle"]  # kvsim.sim.allocators builds them
+SchedulerName = Literal["v1", "classic"]
+Policy = Literal["fcfs", "priority"]
 MODES: tuple[str, ...] = typing.get_args(Mode)
 ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
+SCHEDULERS: tuple[str, ...] = typing.get_args(SchedulerName)
+POLICIES: tuple[str, ...] = typing.get_args(Policy)
 
 # How `kvsim sweep` offers a field: given once like `kvsim run` ("option"), as its own
 # comma-separated axis ("axis"), only through --param ("param"), or not at all ("no").
@@ -109,6 +114,13 @@ class RunConfig:
         path=True,
         default_text="none",
     )
+    step_time: str | None = option(
+        None,
+        help="Replace the cost model: linear:BASE_S:PER_TOKEN_S prices a step at BASE_S + "
+        "PER_TOKEN_S x scheduled tokens (the clock of vLLM's reference scheduler driver)",
+        unit="SPEC",
+        default_text="the cost model",
+    )
     block_size: int = option(
         16,
         help="Tokens per KV block",
@@ -127,18 +139,55 @@ class RunConfig:
     gpu_memory_utilization: float = option(
         0.9, help="Share of GPU memory for weights, activations and KV", unit="FRACTION"
     )
-    max_num_seqs: int = option(256, help="Most sequences in one batch", unit="SEQS")
-    max_num_batched_tokens: int = option(
-        8192, help="Most tokens in one prefill step", unit="TOKENS"
+    max_num_seqs: int | None = option(
+        None,
+        help="Most sequences in one batch",
+        unit="SEQS",
+        default_text="v1: vLLM 0.33's serving default for the GPU (1024 on H100/H200-class, "
+        "256 on A100 and smaller); classic: 256",
+    )
+    max_num_batched_tokens: int | None = option(
+        None,
+        help="Token budget of one step (classic: of one prefill step)",
+        unit="TOKENS",
+        default_text="v1: vLLM 0.33's serving default for the GPU (8192 on H100/H200-class, "
+        "2048 on A100 and smaller); classic: 8192",
     )
     max_model_len: int | None = option(
         None,
-        help="Longest sequence, prompt + output",
+        help="Longest sequence, prompt + output (beyond the model's context: a what-if, "
+        "with a warning)",
         unit="TOKENS",
         default_text="the model's",
     )
-    watermark: float = option(
-        0.01, help="Share of blocks kept free when admitting", unit="FRACTION"
+    watermark: float | None = option(
+        None,
+        help="Share of blocks kept free when admitting",
+        unit="FRACTION",
+        default_text="v1: 0 (vLLM 0.33); classic: 0.01",
+    )
+    scheduler: SchedulerName = option(
+        "v1",
+        help="v1: vLLM 0.33's scheduler (one token budget shared by decodes and prefill "
+        "chunks, prefix caching, priorities); classic: vLLM's 2023 scheduler (a step is a "
+        "prefill or a decode batch; the vLLM paper's figures)",
+    )
+    enable_chunked_prefill: bool = option(
+        True, help="v1: cut prefills into chunks that fit the step's token budget"
+    )
+    long_prefill_token_threshold: int = option(
+        0,
+        help="v1: cap one sequence's prefill chunk at this many tokens (0: no cap)",
+        unit="TOKENS",
+    )
+    enable_prefix_caching: bool = option(
+        True,
+        help="v1: reuse cached full KV blocks across requests (a trace's hash_ids say which "
+        "prompts share a prefix)",
+    )
+    scheduling_policy: Policy = option(
+        "fcfs",
+        help="v1: fcfs (arrival order) or priority (the trace's priority, lower first)",
     )
     rate: float | None = option(
         None,
@@ -199,9 +248,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("tp", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("tp", "block_size"):
             _positive_int(name, getattr(self, name))
-        for name in ("num_blocks", "max_model_len", "concurrency", "threads"):
+        for name in (
+            "num_blocks", "max_model_len", "concurrency", "threads", "max_num_seqs",
+            "max_num_batched_tokens",
+        ):  # fmt: skip
             _positive_int(name, getattr(self, name), allow_none=True)
         for name in ("rate", "time_scale", "until"):
             _positive_float(name, getattr(self, name), allow_none=True)
@@ -209,8 +261,27 @@ class RunConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
-        if not 0 <= self.watermark < 1:
+        if self.watermark is not None and not 0 <= self.watermark < 1:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(
+                f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}"
+            )
+        if self.scheduling_policy not in POLICIES:
+            raise ConfigError(
+                f"scheduling_policy must be one of {', '.join(POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
+        threshold = self.long_prefill_token_threshold
+        if type(threshold) is not int or threshold < 0:
+            raise ConfigError(
+                f"long_prefill_token_threshold must be an integer >= 0, got {threshold!r}"
+            )
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "fast_decode"):
+            if type(getattr(self, name)) is not bool:
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.step_time is not None:
+            parse_step_time(self.step_time)
         if not (self.think_time_s >= 0 and math.isfinite(self.think_time_s)):
             raise ConfigError(
                 f"think_time_s must be a finite number >= 0, got {self.think_time_s!r}"
@@ -220,6 +291,11 @@ class RunConfig:
         if self.allocator not in ALLOCATORS:
             raise ConfigError(
                 f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}"
+            )
+        if self.allocator != "paged" and self.scheduler != "classic":
+            raise ConfigError(
+                f"allocator {self.allocator!r} runs with scheduler classic (the contiguous "
+                "baselines reproduce the vLLM paper's comparison): add --scheduler classic"
             )
         if self.allocator != "paged" and self.mode != "cost":
             raise ConfigError(
@@ -261,6 +337,51 @@ class RunConfig:
         return cls.from_dict(data["options"], source=str(path))
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulingLimits:
+    """The batch limits a run uses once its defaults are resolved (tokens, sequences, share
+    of blocks)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    watermark: float
+
+
+CLASSIC_LIMITS = SchedulingLimits(max_num_seqs=256, max_num_batched_tokens=8192, watermark=0.01)
+
+
+def scheduling_limits(config: RunConfig, gpu: GPUSpec) -> SchedulingLimits:
+    """``config``'s limits, with vLLM 0.33's serving defaults for ``gpu`` under v1 (watermark
+    0) and today's (256 sequences, 8,192 tokens, watermark 0.01) under classic."""
+    if config.scheduler == "v1":
+        tokens, seqs = serving_batch_defaults(gpu)
+        defaults = SchedulingLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, watermark=0.0)
+    else:
+        defaults = CLASSIC_LIMITS
+    return SchedulingLimits(
+        max_num_seqs=config.max_num_seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        watermark=defaults.watermark if config.watermark is None else config.watermark,
+    )
+
+
 def option_specs() -> dict[str, OptionSpec]:
     """Every RunConfig field's OptionSpec, in field order (the order of config.json)."""
     return {f.name: f.metadata["option"] for f in dataclasses.fields(RunConfig)}
+
+
+def parse_step_time(spec: str) -> tuple[float, float]:
+    """``linear:BASE_S:PER_TOKEN_S`` as (base seconds, seconds per scheduled token)."""
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":")
+    if kind != "linear" or len(parts) != 2:
+        raise ConfigError(f"step_time must be linear:BASE_S:PER_TOKEN_S, got {spec!r}")
+    try:
+        base, per_token = float(parts[0]), float(parts[1])
+    except ValueError:
+        raise ConfigError(f"step_time {spec!r}: BASE_S and PER_TOKEN_S must be numbers") from None
+    if not (math.isfinite(base) and math.isfinite(per_token) and base >= 0 and per_token >= 0):
+        raise ConfigError(f"step_time {spec!r}: BASE_S and PER_TOKEN_S must be finite and >= 0")
+    if base == 0 and per_token == 0:
+        raise ConfigError(f"step_time {spec!r}: a step must take some time")
+    return base, per_token

@@ -68,3 +68,34 @@ class CostModelExecutor:
         if len(self._zeros) < n:
             self._zeros = [0] * n
         return self.step_time(out, scheduler), self._zeros[:n]
+
+
+class LinearStepExecutor:
+    """``--step-time linear:BASE_S:PER_TOKEN_S``: a step takes BASE_S + PER_TOKEN_S x its
+    scheduled tokens (seconds), whatever the model and GPU. It is the logical clock of
+    vLLM's reference scheduler driver, so a run can be compared with it decision for
+    decision. Sampled tokens are placeholders, as in cost mode."""
+
+    placeholder_tokens = True
+
+    def __init__(self, base_s: float, per_token_s: float) -> None:
+        self.base_s = base_s
+        self.per_token_s = per_token_s
+        self._zeros: list[int] = []
+
+    def describe(self) -> dict[str, float | str]:
+        return {"kind": "linear", "base_s": self.base_s, "per_token_s": self.per_token_s}
+
+    def decode_step_timer(self) -> Callable[[int, int, int], float]:
+        base, per_token = self.base_s, self.per_token_s
+
+        def decode_step_time(num_seqs: int, context_tokens: int, num_blocks: int) -> float:
+            return base + per_token * num_seqs
+
+        return decode_step_time
+
+    def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
+        n = len(out.seqs)
+        if len(self._zeros) < n:
+            self._zeros = [0] * n
+        return self.base_s + self.per_token_s * out.num_batched_tokens, self._zeros[:n]

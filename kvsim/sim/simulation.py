@@ -32,6 +32,7 @@ import simpy
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.events import ChunkCallback, EventKind
 from engine.fast_decode import FastDecodeScheduler
+from engine.prefix_keys import PrefixSource
 from kvsim.sim.executor import Executor
 from workloads import Request, closed_loop
 
@@ -92,13 +93,15 @@ class Simulation:
         settings: SimSettings,
         prompt_tokens_of: Callable[[Request], Any] | None = None,
         *,
+        prefix_of: Callable[[Request], PrefixSource] | None = None,
         on_events_chunk: ChunkCallback | None = None,
         keep_block_ids: bool = True,
         keep_kinds: Iterable[EventKind] | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
-        ids (engine mode); without it prompts are ``range(prompt_tokens)``. With
+        ids (engine mode); without it prompts are ``range(prompt_tokens)``, and
+        ``prefix_of`` says which prompts share a prefix (prefix caching in cost mode). With
         ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file).
         The recorder keeps block ids only with ``keep_block_ids`` (else each event's first
         one), and only the events of ``keep_kinds`` if given (what the chunk consumers have
@@ -122,6 +125,7 @@ class Simulation:
         self.settings = settings
         self.requests = requests
         self._prompt_tokens_of = prompt_tokens_of
+        self._prefix_of = prefix_of
         self._closed_loop = settings.concurrency is not None
         self._submitted: list[Request] = []
         self._seq_of_request: dict[str, int] = {}
@@ -157,7 +161,10 @@ class Simulation:
         if params is None:  # frozen, so shared by every request of this length
             params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)
             self._sampling_params[request.output_tokens] = params
-        self.scheduler.add_request(Sequence(seq_id, prompt, params, float(self.env.now)))
+        prefix = self._prefix_of(request) if self._prefix_of is not None else None
+        self.scheduler.add_request(
+            Sequence(seq_id, prompt, params, float(self.env.now), request.priority, prefix=prefix)
+        )
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         if not self._closed_loop:
