@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from engine import EventKind
 from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns
+from kvsim.errors import KvsimError
 
 EVENT_KIND_NAMES = [k.name for k in EventKind]
 # What requests_frame, summarize and the run plots read from the in-memory stream.
@@ -79,7 +80,7 @@ def exploded_table(cols: Columns, block_ids: np.ndarray) -> pa.Table:
     )
 
 
-class EventsWriteError(RuntimeError):
+class EventsWriteError(KvsimError, RuntimeError):
     """Writing events.parquet failed (the cause is chained)."""
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,9 +23,30 @@ USER_ERRORS = (KvsimError, WorkloadError, EngineError)
 Opt = typer.Option
 
 
-def default_out(trace: str) -> Path:
-    stem = Path(trace).stem or "run"
-    return Path("runs") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+def default_out(trace: str, folder: str = "runs") -> Path:
+    """``runs/<trace>-<timestamp>``, with ``-2``, ``-3``, ... if that is taken already."""
+    stem = Path(trace).stem or folder.rstrip("s")
+    base = Path(folder) / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    out, n = base, 1
+    while os.path.lexists(out):
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def out_path(out: str | None, trace: str, folder: str) -> Path:
+    """The ``--out`` folder (refusing an empty one), or the default under ``folder``."""
+    if out is None:
+        return default_out(trace, folder)
+    if not out.strip():
+        fail("--out is empty: name the folder to write, e.g. --out runs/mine")
+    return Path(out)
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for a file-system error: the file and what went wrong."""
+    where = exc.filename if exc.filename is not None else ""
+    return f"{where}: {exc.strerror}" if where and exc.strerror else str(exc)
 
 
 @with_run_options("run")
@@ -47,8 +67,16 @@ def run_command(
         Path | None, Opt(help="GPU spec JSON file instead of a preset (same as --gpu FILE)")
     ] = None,
     out: Annotated[
-        Path | None, Opt(help="Run folder", show_default="runs/<trace>-<timestamp>")
+        str | None,
+        Opt(
+            help="Run folder to create (an existing one only with --force)",
+            metavar="DIR",
+            show_default="runs/<trace>-<timestamp>",
+        ),
     ] = None,
+    force: Annotated[
+        bool, Opt("--force", help="Replace the --out folder if it holds an earlier kvsim run")
+    ] = False,
     no_plots: Annotated[bool, Opt("--no-plots", help="Skip the PNG plots")] = False,
 ) -> None:
     """Simulate a trace through the engine's BlockManager and Scheduler; write a run folder."""
@@ -62,28 +90,24 @@ def run_command(
             config = RunConfig.load(config_file).replace(**given)
         else:
             config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
-        out_dir = out or default_out(config.trace)
-        result = _run_and_write(config, out_dir, plots=not no_plots)
+        out_dir = out_path(out, config.trace, "runs")
+        result = _run_and_write(config, out_dir, plots=not no_plots, force=force)
     except USER_ERRORS as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     _print_summary(result.summary, out_dir)
 
 
-def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool) -> Any:
-    """Run with the events streamed to a temporary file beside the run folder (so memory stays
-    bounded), then write the folder; the temporary file never outlives a failure."""
-    from kvsim.outputs.run_folder import write_run
+def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool) -> Any:
+    """Run with the events streamed into the temporary run folder (so memory stays bounded),
+    write the rest there and swap it into place; a failure or an interrupt leaves nothing."""
+    from kvsim.atomic import output_folder
+    from kvsim.outputs.run_folder import RUN_FOLDER, write_run_files
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{out_dir.name}.events-", suffix=".parquet",
-                                dir=out_dir.parent)  # fmt: skip
-    os.close(fd)
-    events_path = Path(name)
-    try:
-        result = _run_with_progress(config, events_path)
-        write_run(result, out_dir, plots=plots)
-    finally:
-        events_path.unlink(missing_ok=True)
+    with output_folder(out_dir, RUN_FOLDER, force=force) as tmp:
+        result = _run_with_progress(config, tmp / "events.parquet")
+        write_run_files(result, tmp, plots=plots)
     return result
 
 

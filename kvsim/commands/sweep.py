@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,16 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvsim.commands.console import console, fail
 from kvsim.commands.options import with_run_options
-from kvsim.commands.run import USER_ERRORS
+from kvsim.commands.run import USER_ERRORS, os_error_message, out_path
 from kvsim.config import RunConfig
 from workloads import DEFAULT_TRACE_NAME
 
 Opt = typer.Option
-
-
-def default_out(trace: str) -> Path:
-    stem = Path(trace).stem or "sweep"
-    return Path("sweeps") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
 
 @with_run_options("sweep")
@@ -55,8 +49,16 @@ def sweep_command(
         str | None, Opt(help="Ray cluster address", show_default="a local Ray")
     ] = None,
     out: Annotated[
-        Path | None, Opt(help="Sweep folder", show_default="sweeps/<trace>-<time>")
+        str | None,
+        Opt(
+            help="Sweep folder to create (an existing one only with --force)",
+            metavar="DIR",
+            show_default="sweeps/<trace>-<timestamp>",
+        ),
     ] = None,
+    force: Annotated[
+        bool, Opt("--force", help="Replace the --out folder if it holds an earlier kvsim sweep")
+    ] = False,
     events: Annotated[
         bool,
         Opt(
@@ -96,10 +98,12 @@ def sweep_command(
         if dry_run:
             _print_points(spec)
             return
-        out_dir = out or default_out(base.trace)
-        result = _run_with_progress(spec, out_dir, executor, jobs, address)
+        out_dir = out_path(out, base.trace, "sweeps")
+        result = _run_with_progress(spec, out_dir, executor, jobs, address, force)
     except USER_ERRORS as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     console.print(
         f"{len(result.table)} points in {result.wall_s:.1f} s, {result.num_failed} failed"
     )
@@ -127,7 +131,7 @@ def _print_points(spec: Any) -> None:
 
 
 def _run_with_progress(
-    spec: Any, out: Path, executor: str, jobs: int | None, address: str | None
+    spec: Any, out: Path, executor: str, jobs: int | None, address: str | None, force: bool
 ) -> Any:
     from kvsim.sweep.execute import PointOutcome, run_sweep
 
@@ -154,8 +158,9 @@ def _run_with_progress(
                 )
 
         return run_sweep(
-            spec, out, executor=executor, jobs=jobs, address=address, on_point=on_point
-        )
+            spec, out, executor=executor, jobs=jobs, address=address, on_point=on_point,
+            force=force,
+        )  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,9 @@
 """A run folder: config.json, summary.json, requests/steps/events.parquet, plots/.
 
-Written into a temporary folder and renamed into place, so a crash or a bad option never
-leaves a half-written run behind. Reading it back gives the same tables.
+Written into a temporary folder and swapped into place (kvsim.atomic.output_folder), so a
+crash or a bad option never leaves a half-written run behind, and only a folder kvsim wrote is
+ever replaced: config.json's ``kvsim_run`` field marks a run folder. Reading it back gives the
+same tables.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from kvsim.atomic import atomic_dir
+from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
 from kvsim.runner import RunResult
@@ -25,6 +27,16 @@ TABLES = ("requests", "steps", "events")
 # Gantt chart rather than read the whole stream back; `kvsim plot --from --to` draws a window.
 MAX_PLOTTED_EVENT_ROWS = 5_000_000
 FORMAT_VERSION = 1
+# What kvsim writes in a run folder (kvsim run, kvsim plot / report / export-trace defaults).
+RUN_FOLDER = FolderKind(
+    what="run folder",
+    marker_file="config.json",
+    marker_key="kvsim_run",
+    entries=frozenset(
+        {"config.json", "summary.json", *(f"{t}.parquet" for t in TABLES), "plots",
+         "report.html", "run.perfetto.json"}
+    ),
+)  # fmt: skip
 
 
 class RunFolderError(KvsimError):
@@ -43,27 +55,36 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
-def write_run(result: RunResult, out: Path, *, plots: bool = True) -> Path:
-    """Write ``result`` to the folder ``out`` (replacing it atomically)."""
-    with atomic_dir(out) as tmp:
-        config = {
-            "kvsim_run": FORMAT_VERSION,
-            "options": result.config.to_dict(),
-            "resolved": result.resolved,
-        }
-        (tmp / "config.json").write_bytes(_json_bytes(config))
-        (tmp / "summary.json").write_bytes(_json_bytes(_nan_to_none(result.summary)))
-        for name in ("requests", "steps"):
-            frame: pd.DataFrame = getattr(result, name)
-            frame.to_parquet(tmp / f"{name}.parquet", index=False, compression="zstd")
-        if result.events is not None:
-            result.events.to_parquet(tmp / "events.parquet", index=False, compression="zstd")
-        elif result.events_path is not None:
-            shutil.move(result.events_path, tmp / "events.parquet")
-        # else: run(keep_events=False) kept no events; the folder has none either.
-        if plots:
-            _write_pictures(result, tmp)
-    return out
+def write_run(result: RunResult, out: Path, *, plots: bool = True, force: bool = False) -> Path:
+    """Write ``result`` to the folder ``out``, atomically. ``out`` must not exist, or be a run
+    folder kvsim wrote, replaced only with ``force`` (else ``kvsim.atomic.OutputError``)."""
+    with output_folder(Path(out), RUN_FOLDER, force=force) as tmp:
+        write_run_files(result, tmp, plots=plots)
+    return Path(out)
+
+
+def write_run_files(result: RunResult, folder: Path, *, plots: bool = True) -> None:
+    """Write the run folder's files into the empty folder ``folder``. Events streamed to
+    ``folder/events.parquet`` stay there; streamed elsewhere, they are moved in."""
+    tmp = Path(folder)
+    config = {
+        "kvsim_run": FORMAT_VERSION,
+        "options": result.config.to_dict(),
+        "resolved": result.resolved,
+    }
+    (tmp / "config.json").write_bytes(_json_bytes(config))
+    (tmp / "summary.json").write_bytes(_json_bytes(_nan_to_none(result.summary)))
+    for name in ("requests", "steps"):
+        frame: pd.DataFrame = getattr(result, name)
+        frame.to_parquet(tmp / f"{name}.parquet", index=False, compression="zstd")
+    events_file = tmp / "events.parquet"
+    if result.events is not None:
+        result.events.to_parquet(events_file, index=False, compression="zstd")
+    elif result.events_path is not None and Path(result.events_path) != events_file:
+        shutil.move(result.events_path, events_file)
+    # else: streamed into the folder already, or run(keep_events=False) kept no events.
+    if plots:
+        _write_pictures(result, tmp)
 
 
 def _write_pictures(result: RunResult, folder: Path) -> None:

@@ -25,13 +25,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvsim.atomic import atomic_dir
+from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.sweep.spec import SweepError, SweepPoint, SweepSpec, command_line
 from kvsim.sweep.table import SweepResult, failed_row, point_row, rows_frame
 
 EXECUTORS = ("process", "serial", "ray")
 FORMAT_VERSION = 1
+# What kvsim writes in a sweep folder; sweep.json's ``kvsim_sweep`` field marks one.
+SWEEP_FOLDER = FolderKind(
+    what="sweep folder",
+    marker_file="sweep.json",
+    marker_key="kvsim_sweep",
+    entries=frozenset(
+        {"sweep.json", "sweep.csv", "sweep.parquet", "report.md", "report.html",
+         "report_error.txt", "plots", "points"}
+    ),
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -195,10 +205,13 @@ def run_sweep(
     address: str | None = None,
     on_point: Callable[[PointOutcome], None] | None = None,
     report: bool = True,
+    force: bool = False,
 ) -> SweepResult:
-    """Run every point of ``spec`` and write the sweep folder ``out`` (replaced atomically):
+    """Run every point of ``spec`` and write the sweep folder ``out`` atomically:
     points/<NNN_...>/ (a run folder each, or error.txt), sweep.csv, sweep.parquet, sweep.json,
-    report.md, report.html and plots/."""
+    report.md, report.html and plots/. ``out`` must not exist, or be a sweep folder kvsim
+    wrote, replaced only with ``force`` (else ``kvsim.atomic.OutputError``, before any point
+    runs)."""
     points = spec.points()
     jobs = jobs or default_jobs()
     if jobs < 1:
@@ -206,7 +219,7 @@ def run_sweep(
     command = command_line(spec)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
-    with atomic_dir(out) as tmp:
+    with output_folder(Path(out), SWEEP_FOLDER, force=force) as tmp:
         _write_json(tmp / "sweep.json", _describe(spec, command))
 
         def done(outcome: PointOutcome) -> None:
