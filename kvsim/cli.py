@@ -19,7 +19,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from kvsim.commands import plot, run, sweep, traces
-from kvsim.commands.console import err_console, print_error
+from kvsim.commands.console import FlagsWithoutType, err_console, print_error
 from kvsim.errors import Interrupted
 
 # Typer's click exceptions, wherever its click lives (Typer >= 0.29 carries its own copy).
@@ -31,7 +31,7 @@ _NoArgsIsHelp: type[Exception] = getattr(
 )
 
 
-class _OneLineErrors(TyperGroup):
+class _OneLineErrors(FlagsWithoutType, TyperGroup):
     """Usage errors (a bad option value, a missing argument) as one red line and exit code 2,
     like every other bad input, instead of click's usage block."""
 

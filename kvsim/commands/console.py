@@ -8,11 +8,12 @@ link, and other control characters) or that cannot be encoded are shown escaped.
 from __future__ import annotations
 
 import re
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
+from typer.core import TyperCommand
 
 # No markup, emoji codes or highlighting in anything printed as a string: user text stays text.
 console = Console(markup=False, emoji=False, highlight=False)
@@ -47,3 +48,18 @@ def say(*parts: object, style: str = "") -> None:
     console.print(
         Text(plain("".join(map(str, parts))), style=style), highlight=False, soft_wrap=True
     )
+
+
+class FlagsWithoutType:
+    """Mixin for Typer commands: a flag's help shows no ``<bool>`` type (it takes no value)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(FlagsWithoutType, TyperCommand):
+    """The class of every kvsim command (``app.command(name, cls=Command)``)."""

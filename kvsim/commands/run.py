@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engine import EngineError
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import Command, console, fail, say
 from kvsim.commands.options import with_run_options
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
@@ -54,17 +54,23 @@ def run_command(
     trace: Annotated[
         str | None,
         typer.Argument(
+            metavar="TRACE",
             help="Trace file (.json/.jsonl/.csv) or shipped trace name",
             show_default=DEFAULT_TRACE_NAME,
         ),
     ] = None,
     config_file: Annotated[
         Path | None,
-        Opt("--config", help="Re-run a run folder's config.json (other options override it)"),
+        Opt(
+            "--config",
+            metavar="FILE",
+            help="Re-run a run folder's config.json (other options override it)",
+        ),
     ] = None,
     options: dict[str, Any] | None = None,
     gpu_spec: Annotated[
-        Path | None, Opt(help="GPU spec JSON file instead of a preset (same as --gpu FILE)")
+        Path | None,
+        Opt(metavar="FILE", help="GPU spec JSON file instead of a preset (same as --gpu FILE)"),
     ] = None,
     out: Annotated[
         str | None,
@@ -170,8 +176,8 @@ def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    console.print(f"run folder: [bold]{out_dir}[/bold]")
+    say("run folder: ", out_dir)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(run_command)
+    app.command("run", cls=Command)(run_command)

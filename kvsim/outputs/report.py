@@ -15,7 +15,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from kvsim.plots import PICTURES, RunTables, draw, png_bytes
+from kvsim.plots import NEEDS_EVENTS, PICTURES, RunTables, draw, has_events, png_bytes
 from kvsim.plots._common import write_output
 
 CAPTIONS = {
@@ -133,7 +133,9 @@ def build_report(
     ``pngs`` maps picture names to PNG bytes already drawn (e.g. a run folder's plots/), so
     they are embedded instead of drawn again."""
     figures = []
-    for name in names or list(PICTURES):
+    if names is None:
+        names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
+    for name in names:
         if pngs is not None and name in pngs:
             data = base64.b64encode(pngs[name]).decode("ascii")
         else:

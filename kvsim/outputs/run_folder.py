@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.atomic import FolderKind, output_folder
@@ -121,7 +122,8 @@ class _Tables:
 
 @dataclass(slots=True)
 class RunFolder:
-    """A run folder read back from disk."""
+    """A run folder read back from disk (``events`` is None where it has no events.parquet:
+    a sweep point run without ``--events``)."""
 
     path: Path
     config: RunConfig
@@ -129,21 +131,119 @@ class RunFolder:
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
-    events: pd.DataFrame
+    events: pd.DataFrame | None
+
+
+# The columns every reader of a run folder relies on, by kind: "int", "number" or "text".
+COLUMNS: dict[str, dict[str, str]] = {
+    "requests": {
+        "request_id": "text", "seq_id": "int", "arrival_time_s": "number",
+        "prompt_tokens": "int", "output_tokens": "int", "generated_tokens": "number",
+        "status": "text", "admit_time_s": "number", "first_token_time_s": "number",
+        "finish_time_s": "number", "num_preemptions": "int", "queueing_delay_s": "number",
+        "ttft_s": "number", "tpot_s": "number", "e2e_latency_s": "number",
+    },
+    "steps": {
+        "step": "int", "time_s": "number", "duration_s": "number", "kind": "text",
+        "num_seqs": "int", "num_running": "int", "num_batched_tokens": "int",
+        "free_blocks": "int", "allocated_slots": "int", "filled_slots": "int",
+    },
+    "events": {
+        "time_s": "number", "step": "int", "kind": "text", "seq_id": "int", "block_id": "int",
+        "free_blocks": "int", "num_tokens": "int",
+    },
+}  # fmt: skip
+# summary.json fields the pictures and reports read: numbers (None allowed where marked).
+SUMMARY_NUMBERS = (
+    "num_requests", "num_finished", "num_rejected", "num_aborted", "num_unfinished",
+    "num_preemptions", "num_steps", "throughput_requests_per_s",
+    "throughput_output_tokens_per_s", "kv_usage_mean", "kv_usage_peak",
+    "mean_running_seqs", "mean_batch_size", "max_batch_size",
+)  # fmt: skip
+SUMMARY_DISTRIBUTIONS = ("queueing_delay_s", "ttft_s", "tpot_s", "e2e_latency_s")
+
+
+def _arrow_kind(kind: pa.DataType) -> str:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_integer(kind):
+        return "int"
+    if pa.types.is_floating(kind):
+        return "number"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    return str(kind)
+
+
+def _check_columns(file: Path, table: str) -> None:
+    try:
+        schema = pq.read_schema(file)
+    except (OSError, pa.ArrowException) as exc:
+        raise RunFolderError(f"{file}: not a readable Parquet file: {exc}") from None
+    for column, want in COLUMNS[table].items():
+        if column not in schema.names:
+            raise RunFolderError(f"{file}: column {column!r} is missing")
+        got = _arrow_kind(schema.field(column).type)
+        if not (got == want or (want == "number" and got == "int")):
+            raise RunFolderError(f"{file}: column {column!r} holds {got}, not {want} values")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_summary(file: Path, summary: Any) -> None:
+    if not isinstance(summary, dict):
+        raise RunFolderError(f"{file}: expected a JSON object, got {type(summary).__name__}")
+    for name in ("block_size", "num_blocks"):
+        value = summary.get(name)
+        if type(value) is not int or value < 1:
+            raise RunFolderError(f"{file}: {name}: expected a positive integer, got {value!r}")
+    duration = summary.get("sim_duration_s")
+    if not _is_number(duration) or not 0 <= duration < float("inf"):
+        raise RunFolderError(f"{file}: sim_duration_s: expected a number >= 0, got {duration!r}")
+    for name in SUMMARY_NUMBERS:
+        if name in summary and not _is_number(summary[name]) and summary[name] is not None:
+            raise RunFolderError(f"{file}: {name}: expected a number, got {summary[name]!r}")
+    for name in SUMMARY_DISTRIBUTIONS:
+        value = summary.get(name, {})
+        if not isinstance(value, dict) or not all(
+            v is None or _is_number(v) for v in value.values()
+        ):
+            raise RunFolderError(f"{file}: {name}: expected an object of numbers, got {value!r}")
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise RunFolderError(f"{file}: not readable JSON: {exc}") from None
 
 
 def read_run(path: Path) -> RunFolder:
-    """Read a run folder written by ``write_run``."""
+    """Read a run folder written by ``write_run``; ``RunFolderError`` (one line naming the
+    file and field) if a file is missing, unreadable, or lacks what the readers need."""
     path = Path(path)
     if not path.is_dir():
         raise RunFolderError(f"{path}: not a run folder (no such directory)")
     missing = [n for n in ("config.json", "summary.json") if not (path / n).is_file()]
-    missing += [f"{t}.parquet" for t in TABLES if not (path / f"{t}.parquet").is_file()]
+    missing += [f"{t}.parquet" for t in TABLES[:2] if not (path / f"{t}.parquet").is_file()]
     if missing:
         raise RunFolderError(f"{path}: not a run folder (missing {', '.join(missing)})")
     config_path = path / "config.json"
     config = RunConfig.load(config_path)
-    resolved = json.loads(config_path.read_text(encoding="utf-8")).get("resolved", {})
-    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    tables = {t: pd.read_parquet(path / f"{t}.parquet") for t in TABLES}
-    return RunFolder(path, config, resolved, summary, **tables)
+    resolved = _read_json(config_path).get("resolved", {})
+    if not isinstance(resolved, dict):
+        raise RunFolderError(f"{config_path}: resolved: expected an object")
+    summary = _read_json(path / "summary.json")
+    _check_summary(path / "summary.json", summary)
+    present = [t for t in TABLES if (path / f"{t}.parquet").is_file()]
+    for table in present:
+        _check_columns(path / f"{table}.parquet", table)
+    tables: dict[str, pd.DataFrame | None] = {t: None for t in TABLES}
+    for table in present:
+        try:
+            tables[table] = pd.read_parquet(path / f"{table}.parquet")
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise RunFolderError(f"{path / f'{table}.parquet'}: cannot read: {exc}") from None
+    return RunFolder(path, config, resolved, summary, **tables)  # type: ignore[arg-type]
