@@ -299,10 +299,10 @@ def deferred_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        for s in dict.fromkeys(pending):
-            signal.raise_signal(s)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for held in dict.fromkeys(pending):
+            signal.raise_signal(held)
 
 
 # --- the output folder ---------------------------------------------------------------------

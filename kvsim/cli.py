@@ -41,10 +41,11 @@ class _OneLineErrors(FlagsWithoutType, TyperGroup):
         prog_name: str | None = None,
         complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except _NoArgsIsHelp as exc:
             if not standalone_mode:
                 raise

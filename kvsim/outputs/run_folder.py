@@ -9,6 +9,7 @@ same tables.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,7 +201,7 @@ def _check_summary(file: Path, summary: Any) -> None:
         if type(value) is not int or value < 1:
             raise RunFolderError(f"{file}: {name}: expected a positive integer, got {value!r}")
     duration = summary.get("sim_duration_s")
-    if not _is_number(duration) or not 0 <= duration < float("inf"):
+    if not (isinstance(duration, (int, float)) and 0 <= duration < math.inf) or duration is True:
         raise RunFolderError(f"{file}: sim_duration_s: expected a number >= 0, got {duration!r}")
     for name in SUMMARY_NUMBERS:
         if name in summary and not _is_number(summary[name]) and summary[name] is not None:
@@ -246,4 +247,4 @@ def read_run(path: Path) -> RunFolder:
             tables[table] = pd.read_parquet(path / f"{table}.parquet")
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise RunFolderError(f"{path / f'{table}.parquet'}: cannot read: {exc}") from None
-    return RunFolder(path, config, resolved, summary, **tables)  # type: ignore[arg-type]
+    return RunFolder(path, config, resolved, summary, **tables)
