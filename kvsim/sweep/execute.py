@@ -10,6 +10,7 @@ end (kvsim.atomic), so an interrupted sweep leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import multiprocessing
@@ -35,6 +36,8 @@ from kvsim.sweep.spec import SweepError, SweepPoint, SweepSpec, command_line
 from kvsim.sweep.table import SweepResult, failed_row, point_row, rows_frame
 
 EXECUTORS = ("process", "serial", "ray")
+# A point failing with one of these stops the sweep: the disk, not the point, is at fault.
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 FORMAT_VERSION = 1
 # What kvsim writes in a sweep folder; sweep.json's ``kvsim_sweep`` field marks one.
 SWEEP_FOLDER = FolderKind(
@@ -89,6 +92,13 @@ def run_point(
             files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
         row = point_row(point, result, time.perf_counter() - start)
         return PointOutcome(index, row, files)
+    except OSError as exc:
+        if exc.errno in OUT_OF_SPACE:  # every other point would fail the same way
+            raise
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return PointOutcome(
+            index, failed_row(point, error), error=error, details=traceback.format_exc()
+        )
     except Exception as exc:  # a failing point is reported; the sweep goes on
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return PointOutcome(
