@@ -8,12 +8,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from engine import EngineError
-from kvsim.commands.console import Command, console, fail, say
+from kvsim.commands.console import Command, console, fail
 from kvsim.commands.options import with_run_options
+from kvsim.commands.summary import print_summary
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
@@ -102,7 +109,7 @@ def run_command(
         fail(str(exc))
     except OSError as exc:
         fail(os_error_message(exc))
-    _print_summary(result.summary, out_dir)
+    print_summary(result.summary, out_dir, config.allocator)
 
 
 def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool) -> Any:
@@ -123,60 +130,23 @@ def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
     with Progress(
         TextColumn("[bold]simulating[/bold]"),
         BarColumn(),
-        TextColumn(
-            "{task.fields[sim_s]:>10.1f} s simulated  {task.completed:>8,.0f} requests done"
-        ),
+        MofNCompleteColumn(),
+        TextColumn("requests  {task.fields[sim_s]:>10.1f} s simulated"),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
     ) as bar:
         task = bar.add_task("run", total=None, sim_s=0.0)
 
+        def start(total: int) -> None:
+            bar.update(task, total=total)
+
         def progress(sim_s: float, done: int) -> None:
             bar.update(task, completed=done, sim_s=sim_s)
 
-        return run(config, progress, events_path)
-
-
-def _fmt(value: Any, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.3f}{unit}"
-    return f"{value:,}{unit}"
-
-
-def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
-    from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
-
-    table = Table(title="kvsim run", show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [
-        ("requests (finished / rejected / aborted)",
-         f"{s['num_requests']:,} ({s['num_finished']:,} / {s['num_rejected']:,} / "
-         f"{s['num_aborted']:,})"),
-        ("KV pool", f"{s['num_blocks']:,} blocks x {s['block_size']} tokens"),
-        ("simulated time", _fmt(s["sim_duration_s"], " s")),
-        ("throughput", f"{s['throughput_requests_per_s']:.2f} req/s, "
-                       f"{s['throughput_output_tokens_per_s']:,.0f} output tok/s"),
-        ("TTFT p50 / p99", f"{_fmt(s['ttft_s']['p50'])} / {_fmt(s['ttft_s']['p99'])} s"),
-        ("TPOT p50 / p99", f"{_fmt(s['tpot_s']['p50'])} / {_fmt(s['tpot_s']['p99'])} s"),
-        ("end-to-end p50 / p99",
-         f"{_fmt(s['e2e_latency_s']['p50'])} / {_fmt(s['e2e_latency_s']['p99'])} s"),
-        ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
-        ("internal fragmentation (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
-        ("KV tokens / reserved / int. / ext. frag / free",
-         " / ".join(f"{s[k]:.1%}" for k in BREAKDOWN_FIELDS)),
-        ("preemptions", f"{s['num_preemptions']:,}"),
-        ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
-        ("simulator wall time",
-         f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
-    ]  # fmt: skip
-    for name, value in rows:
-        table.add_row(name, value)
-    console.print(table)
-    say("run folder: ", out_dir)
+        return run(config, progress, events_path, on_start=start)
 
 
 def register(app: typer.Typer) -> None:

@@ -107,7 +107,9 @@ def _write_pictures(result: RunResult, folder: Path) -> None:
     by_file = {file: name for name, file in PICTURES.items()}
     pngs = {by_file[p.name]: p.read_bytes() for p in paths if p.name in by_file}
     names = [name for name in PICTURES if name in pngs]
-    tables = _Tables(result.summary, result.requests, result.steps, events)
+    tables = _Tables(
+        result.summary, result.requests, result.steps, events, result.config, result.resolved
+    )
     title = f"kvsim run: {result.resolved.get('trace_name', '')}"
     html = build_report(tables, title=title, names=names, pngs=pngs)
     (folder / "report.html").write_text(html, encoding="utf-8")
@@ -119,6 +121,8 @@ class _Tables:
     requests: pd.DataFrame
     steps: pd.DataFrame
     events: pd.DataFrame | None
+    config: RunConfig  # for the report's Options section
+    resolved: dict[str, Any]
 
 
 @dataclass(slots=True)

@@ -70,7 +70,7 @@ def _x_values(table: pd.DataFrame, layout: Layout) -> tuple[dict[Any, float], bo
     """Position of each x value, whether the axis is log2, and the tick values."""
     if layout.x is None:
         return {None: 0.0}, False, [None]
-    values = list(dict.fromkeys(table[layout.x].tolist()))
+    values = [v for v in dict.fromkeys(table[layout.x].tolist()) if not pd.isna(v)]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if not numeric:
         return {v: float(i) for i, v in enumerate(values)}, False, values
@@ -228,8 +228,13 @@ def plot_slo(
             ax.axhline(bound, color="#c53030", linestyle=":")
             slo = f" (SLO {bound:g} s, dotted)"
         ax.set_title(f"p{percentile} {title}{slo}")
-        ax.set_ylabel("seconds")
-    return _finish(fig, axes)
+        ax.set_ylabel("seconds (log)")
+    _finish(fig, axes)
+    for ax in axes:  # latencies past saturation grow by orders of magnitude
+        ax.set_yscale("log")
+        ax.relim()
+        ax.autoscale_view()
+    return fig
 
 
 def sweep_figures(
