@@ -349,7 +349,9 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: Path) -> RunConfig:
-        """Read a run's config.json; the ``resolved`` section, if present, is ignored."""
+        """Read a run's config.json. The ``resolved`` section is ignored but for one thing: a
+        trace file given by a relative path that does not exist from the current folder is
+        read from ``resolved.trace_path_absolute``, where the run found it."""
         try:
             if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
                 raise ConfigError(f"{path}: not a config.json (over {MAX_CONFIG_BYTES:,} bytes)")
@@ -361,7 +363,25 @@ class RunConfig:
             raise ConfigError(f"{path}: cannot read config: {reason}") from None
         if not isinstance(data, dict) or not isinstance(data.get("options"), dict):
             raise ConfigError(f"{path}: expected an object with an 'options' object")
-        return cls.from_dict(data["options"], source=str(path))
+        options = _trace_found_from_here(data["options"], data.get("resolved"))
+        return cls.from_dict(options, source=str(path))
+
+
+def _trace_found_from_here(options: dict[str, Any], resolved: Any) -> dict[str, Any]:
+    """``options`` with the trace at its absolute path when the path given is relative, not
+    found from here (and no shipped trace's name), and the absolute one exists."""
+    from workloads import shipped_trace_names
+
+    trace = options.get("trace")
+    absolute = resolved.get("trace_path_absolute") if isinstance(resolved, dict) else None
+    if not (isinstance(trace, str) and isinstance(absolute, str)) or not trace.strip():
+        return options
+    given = Path(trace)
+    if given.is_absolute() or given.exists() or trace in shipped_trace_names():
+        return options
+    if not Path(absolute).is_file():
+        return options
+    return {**options, "trace": absolute}
 
 
 @functools.cache

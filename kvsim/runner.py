@@ -113,6 +113,7 @@ def run(
     max_model_len = config.max_model_len or cost_model.model.max_model_len
     resolved = {
         "trace_path": str(trace_path),
+        "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
@@ -140,6 +141,7 @@ def _run_engine_mode(
     block_manager = llm.block_manager
     resolved: dict[str, Any] = {
         "trace_path": str(trace_path),
+        "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": block_manager.num_blocks,
         "max_model_len": scheduler.config.max_model_len,
