@@ -355,17 +355,31 @@ def _holds_cwd(final: Path) -> bool:
         return False
 
 
-def _prepare_parent(final: Path) -> None:
+def _prepare_parent(final: Path) -> list[Path]:
+    """Create ``final``'s parent folders; return those it created, deepest first."""
     parent = final.parent
+    created = []
     for folder in (parent, *parent.parents):
         if os.path.lexists(folder):
             if not folder.is_dir():
                 raise OutputError(f"{folder}: is not a folder, so {final} cannot be written")
             break
+        created.append(folder)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_empty(created)
         raise OutputError(f"{final}: cannot create {parent}: {_os_problem(exc)}") from None
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are still empty: what a failed write made."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 @contextlib.contextmanager
@@ -381,8 +395,10 @@ def output_folder(final: Path, kind: FolderKind, *, force: bool = False) -> Iter
     """
     final = Path(final)
     check_target(final, kind, force=force)  # before creating anything
-    _prepare_parent(final)
+    created = _prepare_parent(final)
     with contextlib.ExitStack() as stack:
+        # A failed or interrupted write leaves no folder it made (``runs/`` included).
+        stack.callback(_remove_empty, created)  # rmdir: only folders left empty go
         try:
             stack.enter_context(output_lock(final))
         except OutputError:

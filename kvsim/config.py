@@ -79,6 +79,12 @@ Check = Callable[[str, Any], None]
 # of 1e8 would take gigabytes before the first step. No model has contexts this long.
 MAX_BLOCK_SIZE = 65_536
 MAX_SEED = 2**63 - 1  # numpy and torch take seeds below 2**64
+MAX_TOKENS = 2**31 - 1  # token counts are int32 in the event stream (engine/events.py)
+# The BlockManager keeps a few Python objects per block (free list, owners, ref counts): 2^24
+# blocks already take about a GiB; planned pools of real GPUs are far smaller.
+MAX_NUM_BLOCKS = 2**24
+# A closed-loop user is a simpy process; a million would take about a GiB before any request.
+MAX_CONCURRENCY = 100_000
 
 
 def at_least(low: float, *, maximum: float | None = None, why: str = "") -> Check:
@@ -87,7 +93,7 @@ def at_least(low: float, *, maximum: float | None = None, why: str = "") -> Chec
     def check(name: str, value: Any) -> None:
         if not (low <= value < math.inf) or (maximum is not None and value > maximum):
             bound = f">= {low:,}" if maximum is None else f"in [{low:,}, {maximum:,}]"
-            raise ConfigError(f"{name} must be {bound}{why}, got {value!r}")
+            raise ConfigError(f"{name} must be {bound}{why}, got {shown(value)}")
 
     return check
 
@@ -97,7 +103,7 @@ def above(low: float) -> Check:
 
     def check(name: str, value: Any) -> None:
         if not (low < value < math.inf):
-            raise ConfigError(f"{name} must be a finite number > {low}, got {value!r}")
+            raise ConfigError(f"{name} must be a finite number > {low}, got {shown(value)}")
 
     return check
 
@@ -110,7 +116,7 @@ def fraction(*, low_open: bool, high_open: bool) -> Check:
         low_ok = value > 0 if low_open else value >= 0
         high_ok = value < 1 if high_open else value <= 1
         if not (low_ok and high_ok):
-            raise ConfigError(f"{name} must be in {interval}, got {value!r}")
+            raise ConfigError(f"{name} must be in {interval}, got {shown(value)}")
 
     return check
 
@@ -121,14 +127,23 @@ def one_of(*values: str, pattern: str | None = None) -> Check:
     def check(name: str, value: Any) -> None:
         if value in values or (pattern is not None and re.fullmatch(pattern, value)):
             return
-        raise ConfigError(f"{name} must be one of {', '.join(values)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(values)}, got {shown(value)}")
 
     return check
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error line stays a line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}... ({len(text):,} chars)"
+
+
 def not_empty(name: str, value: Any) -> None:
+    """A name or path: not empty, no NUL (which no file name can hold)."""
     if not value.strip():
         raise ConfigError(f"{name} must not be empty")
+    if "\x00" in value:
+        raise ConfigError(f"{name} must not contain a NUL character, got {shown(value)}")
 
 
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
@@ -145,16 +160,17 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
     if typing.get_origin(hint) is Literal:
         if value not in typing.get_args(hint):
             choices = ", ".join(typing.get_args(hint))
-            raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
+            raise ConfigError(f"{name} must be one of {choices}, got {shown(value)}")
         return
     ok = {
         int: type(value) is int,
-        float: type(value) in (int, float),
+        # an integer for a float field must have a float (2^53: exact; 10^400: none)
+        float: type(value) is float or (type(value) is int and abs(value) <= 2**53),
         str: isinstance(value, str),
         bool: isinstance(value, bool),
     }[hint]
     if not ok:
-        raise ConfigError(f"{name} must be {_TYPE_WORDS[hint]}, got {value!r}")
+        raise ConfigError(f"{name} must be {_TYPE_WORDS[hint]}, got {shown(value)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,13 +201,14 @@ class RunConfig:
         unit="NAME|PATH",
         check=not_empty,
     )
-    tp: int = option(1, help="Tensor-parallel GPUs", unit="GPUS", check=at_least(1))
+    tp: int = option(1, help="Tensor-parallel GPUs", unit="GPUS", check=at_least(1, maximum=4096))
     coefficients: str | None = option(
         None,
         help="Cost-model coefficient overrides (JSON file)",
         unit="FILE",
         path=True,
         default_text="none",
+        check=not_empty,
     )
     block_size: int = option(
         16,
@@ -208,7 +225,7 @@ class RunConfig:
         default_text="planned from GPU memory",
         sweep_help="KV blocks (of the base block size, 16, when block sizes are swept: the "
         "slots are held)",
-        check=at_least(1),
+        check=at_least(1, maximum=MAX_NUM_BLOCKS),
     )
     gpu_memory_utilization: float = option(
         0.9,
@@ -217,17 +234,20 @@ class RunConfig:
         check=fraction(low_open=True, high_open=False),
     )
     max_num_seqs: int = option(
-        256, help="Most sequences in one batch", unit="SEQS", check=at_least(1)
+        256, help="Most sequences in one batch", unit="SEQS", check=at_least(1, maximum=MAX_TOKENS)
     )
     max_num_batched_tokens: int = option(
-        8192, help="Most tokens in one prefill step", unit="TOKENS", check=at_least(1)
+        8192,
+        help="Most tokens in one prefill step",
+        unit="TOKENS",
+        check=at_least(1, maximum=MAX_TOKENS),
     )
     max_model_len: int | None = option(
         None,
         help="Longest sequence, prompt + output",
         unit="TOKENS",
         default_text="the model's",
-        check=at_least(1),
+        check=at_least(1, maximum=MAX_TOKENS),
     )
     watermark: float = option(
         0.01,
@@ -256,14 +276,14 @@ class RunConfig:
         help="Closed loop: this many users, one request each in flight",
         unit="USERS",
         default_text="open loop",
-        check=at_least(1),
+        check=at_least(1, maximum=MAX_CONCURRENCY),
     )
     think_time_s: float = option(
         0.0,
         help="Closed loop: mean think time between a user's requests",
         unit="SECONDS",
         flag="--think-time",
-        check=at_least(0),
+        check=at_least(0, maximum=2.0**32),
     )
     seed: int = option(
         0, help="Seed for every random choice", unit="INT", check=at_least(0, maximum=MAX_SEED)
@@ -339,7 +359,7 @@ class RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"{source}: unknown field {unknown[0]!r}")
+            raise ConfigError(f"{source}: unknown field {shown(unknown[0])}")
         if "trace" not in data:
             raise ConfigError(f"{source}: missing field 'trace'")
         try:
@@ -353,6 +373,8 @@ class RunConfig:
         trace file given by a relative path that does not exist from the current folder is
         read from ``resolved.trace_path_absolute``, where the run found it."""
         try:
+            if path.exists() and not path.is_file():  # a FIFO would block, a device not end
+                raise ConfigError(f"{path}: not a regular file; give a run folder's config.json")
             if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
                 raise ConfigError(f"{path}: not a config.json (over {MAX_CONFIG_BYTES:,} bytes)")
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -47,12 +47,16 @@ def out_path(out: str | None, trace: str, folder: str) -> Path:
         return default_out(trace, folder)
     if not out.strip():
         fail("--out is empty: name the folder to write, e.g. --out runs/mine")
+    if "\x00" in out:
+        fail("--out must not contain a NUL character")
     return Path(out)
 
 
 def os_error_message(exc: OSError) -> str:
     """One line for a file-system error: the file and what went wrong."""
-    where = exc.filename if exc.filename is not None else ""
+    where = str(exc.filename) if exc.filename is not None else ""
+    if len(where) > 200:  # a path too long to use is too long to print whole
+        where = f"{where[:120]}...{where[-40:]} ({len(where):,} characters)"
     return f"{where}: {exc.strerror}" if where and exc.strerror else str(exc)
 
 
@@ -137,6 +141,7 @@ def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
         TimeRemainingColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,  # nothing on stdout but the results when piped
     ) as bar:
         task = bar.add_task("run", total=None, sim_s=0.0)
 

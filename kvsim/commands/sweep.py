@@ -158,6 +158,7 @@ def _run_with_progress(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,  # nothing on stdout but the results when piped
     ) as bar:
         task = bar.add_task("sweep", total=spec.num_points, failed=0, last="")
         failed = 0

@@ -260,6 +260,8 @@ def info(
     as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
 ) -> None:
     """Show a trace's statistics: count, duration, rate, burstiness, token lengths."""
+    if "\x00" in trace:
+        fail("TRACE must not contain a NUL character")
     with _bad_input():
         stats = trace_stats(load_trace(resolve_trace(trace)))
     if as_json:
