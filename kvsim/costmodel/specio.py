@@ -94,10 +94,10 @@ MAX_SPEC_INT = 2**53
 def positive_int(value: object, field: str, source: str) -> int:
     """``value`` as an int in [1, 2^53]; bools and floats are rejected (2.5 layers is a
     typo)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SPEC_INT:
-        raise CostModelError(
-            f"{source}: {field} must be a positive integer up to 2^53, got {shown(value)}"
-        )
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CostModelError(f"{source}: {field} must be a positive integer, got {shown(value)}")
+    if value > MAX_SPEC_INT:
+        raise CostModelError(f"{source}: {field} must be at most 2^53, got {shown(value)}")
     return value
 
 
