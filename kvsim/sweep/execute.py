@@ -277,9 +277,11 @@ def run_sweep(
     wrote, replaced only with ``force`` (else ``kvsim.atomic.OutputError``, before any point
     runs)."""
     points = spec.points()
-    jobs = jobs or default_jobs()
-    if jobs < 1:
-        raise SweepError(f"jobs must be >= 1, got {jobs}")
+    jobs = default_jobs() if jobs is None else jobs
+    if type(jobs) is not int or jobs < 1:
+        raise SweepError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    if executor not in EXECUTORS:  # before the folder: nothing to clean up
+        raise SweepError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     command = command_line(spec)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()

@@ -165,6 +165,37 @@ def _contradiction_cases() -> list[Case]:
     ]
 
 
+SWEEP_QUICK = ("--until", "0.5")
+
+
+def _sweep_cases() -> list[Case]:
+    bad = {
+        "jobs-0": ["--jobs", "0"], "jobs-neg": ["--jobs", "-1"], "jobs-x": ["--jobs", "x"],
+        "executor": ["--executor", "slurm"], "address": ["--address", "h:1"],
+        "kv-slots-0": ["--kv-slots", "0"],
+        "kv-slots-and-blocks": ["--kv-slots", "9", "--num-blocks", "9", "--block-size", "8,16"],
+        "slo-neg": ["--slo-ttft", "-1"], "slo-nan": ["--slo-ttft", "nan"],
+        "slo-inf": ["--slo-tpot", "inf"], "slo-percentile": ["--slo-percentile", "42"],
+        "param-unknown": ["--param", "bogus=1,2"], "param-empty": ["--param", "block_size="],
+        "param-no-eq": ["--param", "block_size"],
+        "param-bad-value": ["--param", "max_num_seqs=1,x"],
+        "param-trace": ["--param", "trace=a,b"], "param-repeat": ["--param", "seed=1,1"],
+        "block-list-empty": ["--block-size", "8,,16"], "block-list-zero": ["--block-size", "0,16"],
+        "block-huge": ["--block-size", "16,100000000"], "rate-list-bad": ["--rate", "1,nan"],
+        "allocator-bad": ["--allocator", "paged,nope"], "engine-mode": ["--mode", "engine"],
+        "markup-param": ["--param", "[bold]=1,2"], "threads": ["--param", "threads=1,2"],
+    }  # fmt: skip
+    return [
+        Case(f"sweep-{key}", lambda f, a=args: ["sweep", *a, *SWEEP_QUICK, "--out", "s"],
+             must_fail=True)
+        for key, args in bad.items()
+    ]  # fmt: skip
+
+
+def test_sweep_option_values(tmp_path: Path) -> None:
+    run_cases(_sweep_cases(), tmp_path)
+
+
 def test_run_option_values(tmp_path: Path) -> None:
     run_cases(_run_flag_cases(), tmp_path)
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 import kvsim.plots
-from kvsim.config import RunConfig
 from kvsim.atomic import OutputError
+from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import RunFolderError, read_run, write_run
 from kvsim.runner import RunResult, run
 from workloads import DEFAULT_TRACE_NAME
