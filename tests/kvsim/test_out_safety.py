@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from kvsim import atomic
-from kvsim.atomic import OutputBusyError, output_lock, remove_stale_temporaries, temp_path
+from kvsim.atomic import (
+    OutputBusyError,
+    folders,
+    names,
+    output_lock,
+    remove_stale_temporaries,
+    temp_path,
+)
 from kvsim.cli import app
 from kvsim.commands.run import default_out
 
@@ -328,10 +334,10 @@ def test_temporaries_of_live_processes_and_other_names_are_left_alone(tmp_path: 
     mine = [".r.tmp-abc", ".r.kvsim-tmp-zzzzzz-1-ab", "r.kvsim-tmp-000000-1-ab", "notes.txt"]
     for name in mine:
         (tmp_path / name).write_text("x")
-    host = atomic._host_id()
+    host = names._host_id()
     other_host = tmp_path / live.name.replace(host, "ffffff" if host != "ffffff" else "000000")
     other_host.mkdir()
-    dead = tmp_path / f".r.kvsim-tmp-{atomic._host_id()}-{_dead_pid()}-0011"
+    dead = tmp_path / f".r.kvsim-tmp-{names._host_id()}-{_dead_pid()}-0011"
     dead.mkdir()
     assert remove_stale_temporaries(tmp_path) == [dead]
     assert sorted(os.listdir(tmp_path)) == sorted([*mine, live.name, other_host.name])
@@ -346,14 +352,14 @@ def _dead_pid() -> int:
 CRASH_BETWEEN_RENAMES = textwrap.dedent(
     """
     import os, sys
-    from kvsim import atomic
-    atomic.exchange = lambda a, b: False  # a file system without an atomic swap
+    from kvsim.atomic import folders
+    folders.exchange = lambda a, b: False  # a file system without an atomic swap
     real_rename = os.rename
     def rename(src, dst):
         real_rename(src, dst)
         if ".kvsim-old-" in str(dst):
             os._exit(9)  # killed after moving the old run aside, before the new one is in
-    atomic.os.rename = rename
+    folders.os.rename = rename
     from kvsim.cli import main
     sys.argv = ["kvsim", "run", "--until", "2", "--no-plots", "--force", "--out", sys.argv[1]]
     main()
@@ -377,7 +383,7 @@ def test_a_crash_between_the_two_renames_never_loses_the_earlier_run(earlier_run
 def test_a_crash_after_the_swap_leaves_the_new_run_and_a_temporary_removed_later(
     earlier_run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(atomic, "_remove", lambda path: None)  # dies before removing the old
+    monkeypatch.setattr(folders, "remove_entry", lambda path: None)  # dies before removing old
     assert run_into(earlier_run, "--force", "--num-blocks", "500").exit_code == 0
     monkeypatch.undo()
     assert json.loads((earlier_run / "summary.json").read_text())["num_blocks"] == 500
@@ -394,7 +400,7 @@ def test_a_crash_after_the_swap_leaves_the_new_run_and_a_temporary_removed_later
 def test_without_an_atomic_swap_the_replacement_is_still_complete(
     earlier_run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(atomic, "exchange", lambda a, b: False)
+    monkeypatch.setattr(folders, "exchange", lambda a, b: False)
     assert run_into(earlier_run, "--force", "--num-blocks", "500").exit_code == 0
     assert json.loads((earlier_run / "summary.json").read_text())["num_blocks"] == 500
     assert _names(earlier_run.parent) == ["r"]

@@ -1,19 +1,5 @@
-"""Write outputs so that nothing half-written is ever left behind and nothing of the user's is
-ever replaced.
-
-A run or sweep folder is written into a temporary folder beside it and swapped into place at
-the end (``output_folder``). The target must not exist, or be a folder kvsim wrote (its marker
-file says so) holding only what kvsim writes, and replacing one takes ``force``. A lock beside
-the target keeps two kvsim processes from writing the same folder at once.
-
-Every temporary kvsim makes beside an output is named after the output, kvsim, the host and
-the writer's process id: ``.NAME.kvsim-tmp-HOST-PID-RANDOM`` (being written, or an old run
-just replaced), ``.NAME.kvsim-old-HOST-PID-RANDOM`` (an old run moved aside, where the file
-system cannot swap two folders in one step) and ``.NAME.kvsim-lock``. A process that ends
-normally, fails or is interrupted removes its own; one that was killed (SIGKILL, power loss)
-cannot, so each writer first removes the temporaries of dead processes of this host in the same
-parent folder, and puts back an old run a dead process had moved aside without replacing it.
-"""
+"""Output folders written whole or not at all, and never over a user's files; single files
+written through a temporary file (see kvsim/atomic/__init__.py)."""
 
 from __future__ import annotations
 
@@ -22,40 +8,25 @@ import ctypes
 import errno
 import json
 import os
-import re
-import secrets
-import shutil
 import signal
-import socket
 import sys
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kvsim.errors import KvsimError
-
-if sys.platform != "win32":
-    import fcntl
+from kvsim.atomic.names import (
+    NAME_MAX,
+    OutputError,
+    output_lock,
+    remove_entry,
+    remove_stale_temporaries,
+    temp_path,
+)
 
 # A marker file larger than this is not kvsim's (a run's config.json is a few KB).
 MAX_MARKER_BYTES = 1 << 20
-# Longest file name most file systems take, in bytes.
-NAME_MAX = 255
-_TEMP = re.compile(
-    r"^\.(?P<name>.+)\.kvsim-(?P<what>tmp|old)-(?P<host>[0-9a-f]{6})-(?P<pid>\d+)-\w+$"
-)
-_LOCK = re.compile(r"^\..+\.kvsim-lock$")
-
-
-class OutputError(KvsimError):
-    """An output cannot be written where it was asked for (the message says why)."""
-
-
-class OutputBusyError(OutputError):
-    """Another kvsim process is writing the same output folder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,148 +63,6 @@ class FolderKind:
         return foreign
 
 
-# --- names of temporaries ------------------------------------------------------------------
-
-
-def _host_id() -> str:
-    return f"{zlib.crc32(socket.gethostname().encode()) & 0xFFFFFF:06x}"
-
-
-def _short(name: str, room: int) -> str:
-    """``name``, cut (and made unique by a hash) to leave ``room`` bytes of a file name."""
-    raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) + room <= NAME_MAX:
-        return name
-    digest = f"{zlib.crc32(raw):08x}"
-    keep = raw[: NAME_MAX - room - len(digest) - 1].decode("utf-8", "ignore")
-    return f"{keep}~{digest}"
-
-
-def temp_path(final: Path, what: str = "tmp") -> Path:
-    """A fresh temporary path beside ``final``, recognisable as this process's."""
-    tail = f".kvsim-{what}-{_host_id()}-{os.getpid()}-{secrets.token_hex(4)}"
-    return final.parent / f".{_short(final.name, len(tail) + 1)}{tail}"
-
-
-def lock_path(final: Path) -> Path:
-    tail = ".kvsim-lock"
-    return final.parent / f".{_short(final.name, len(tail) + 1)}{tail}"
-
-
-# --- stale temporaries ---------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-def remove_stale_temporaries(parent: Path) -> list[Path]:
-    """Remove what killed kvsim processes of this host left in ``parent``; return it.
-
-    An old folder a process moved aside but never replaced (it died between its two renames)
-    is put back under its name instead. Temporaries of live processes are left alone, and so
-    is anything whose name kvsim would not have made.
-    """
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    host, me = _host_id(), os.getpid()
-    removed = []
-    # Old folders first: one may have to be put back before its name's temporaries go.
-    for name in sorted(names, key=lambda n: ".kvsim-old-" not in n):
-        match = _TEMP.match(name)
-        path = parent / name
-        if match is None:
-            if _LOCK.match(name) and _take_stale_lock(path):
-                removed.append(path)
-            continue
-        pid = int(match["pid"])
-        if match["host"] != host or pid == me or _alive(pid):
-            continue
-        final = parent / match["name"]
-        if match["what"] == "old" and "~" not in match["name"] and not os.path.lexists(final):
-            with contextlib.suppress(OSError):
-                os.rename(path, final)
-                continue
-        _remove(path)
-        removed.append(path)
-    return removed
-
-
-def _take_stale_lock(path: Path) -> bool:
-    """Remove the lock file ``path`` if no process holds it."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    try:
-        if os.path.samestat(os.fstat(fd), os.stat(path)):
-            os.unlink(path)
-            return True
-        return False
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-# --- the lock ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def output_lock(final: Path) -> Iterator[None]:
-    """Hold the lock of ``final`` (a file beside it, removed on release); raise
-    ``OutputBusyError`` at once if another process holds it."""
-    path = lock_path(final)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode("ascii", "replace").strip()
-            os.close(fd)
-            who = f" (pid {holder})" if holder.isdigit() else ""
-            raise OutputBusyError(
-                f"{final}: another kvsim process{who} is writing this folder; wait for it "
-                "or choose another --out"
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:  # not a file another process unlinked while we waited for it
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)
-
-
 # --- swapping a folder into place ----------------------------------------------------------
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
@@ -268,14 +97,14 @@ def _move_into_place(tmp: Path, final: Path) -> None:
             os.rename(tmp, final)
         return
     if exchange(tmp, final):
-        _remove(tmp)  # tmp now holds the old folder
+        remove_entry(tmp)  # tmp now holds the old folder
         return
     # No atomic swap: move the old folder aside, then the new one in. A process that dies in
     # between leaves the old one under an ``old`` name that the next writer puts back.
     old = temp_path(final, "old")
     os.rename(final, old)
     os.rename(tmp, final)
-    _remove(old)
+    remove_entry(old)
 
 
 @contextlib.contextmanager
@@ -420,7 +249,7 @@ def output_folder(final: Path, kind: FolderKind, *, force: bool = False) -> Iter
             with deferred_signals():
                 _move_into_place(tmp, final)
         except BaseException:
-            _remove(tmp)
+            remove_entry(tmp)
             raise
 
 
