@@ -159,9 +159,10 @@ def check_target(final: Path, kind: FolderKind, *, force: bool) -> None:
     if not final.is_dir():
         raise OutputError(f"{final}: exists and is not a folder; kvsim will not replace it")
     if not kind.is_marked(final):
+        empty = " (it is empty: remove it first)" if not any(os.scandir(final)) else ""
         raise OutputError(
             f"{final}: exists and is not a kvsim {kind.what} (no {kind.marker_file} written "
-            "by kvsim); kvsim replaces only folders it wrote: choose another --out"
+            f"by kvsim){empty}; kvsim replaces only folders it wrote: choose another --out"
         )
     try:
         foreign = kind.foreign_entries(final)
