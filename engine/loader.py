@@ -9,12 +9,20 @@ when a checkpoint is loaded.
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import torch
 
-from engine.models.config import PRESETS, ModelConfig, ModelConfigError, preset_config
+from engine.models.config import (
+    PRESETS,
+    LongInteger,
+    ModelConfig,
+    ModelConfigError,
+    preset_config,
+)
 from engine.models.llama import LlamaForCausalLM
 
 # checkpoint projection name -> (fused parameter name, shard index within the fused output)
@@ -38,17 +46,71 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+_MAX_JSON_BYTES = 64 << 20  # config.json is a few kB, a shard index a few hundred kB
+_MAX_INT_CHARS = 30  # longer integer literals fit no field; int() refuses past 4,300 digits
+
+
+def _read_json(path: Path) -> Any:
+    """A checkpoint's JSON file, any problem a one-line ModelConfigError naming it.
+
+    Only regular files are read (a FIFO would block, a device never end), at most
+    _MAX_JSON_BYTES of them.
+    """
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ModelConfigError(f"{path}: not a regular file")
+        with path.open("rb") as file:
+            data = file.read(_MAX_JSON_BYTES + 1)
+    except OSError as err:
+        raise ModelConfigError(f"{path}: {err.strerror or err}") from None
+    if len(data) > _MAX_JSON_BYTES:
+        raise ModelConfigError(f"{path}: larger than {_MAX_JSON_BYTES >> 20} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ModelConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    try:
+        try:
+            return json.loads(text)
+        except ValueError as err:
+            if isinstance(err, json.JSONDecodeError):
+                raise
+            # Python's int-string limit: keep such integers for the field's check to name
+            return json.loads(text, parse_int=_int_or_long)
+    except json.JSONDecodeError as err:
+        raise ModelConfigError(
+            f"{path}:{err.lineno}: malformed JSON: {err.msg} at column {err.colno}"
+        ) from None
+    except RecursionError:
+        raise ModelConfigError(f"{path}: malformed JSON: nested too deeply") from None
+
+
+def _int_or_long(literal: str) -> int | LongInteger:
+    return LongInteger(literal) if len(literal) > _MAX_INT_CHARS else int(literal)
+
+
 def load_config(model: str | Path) -> ModelConfig:
-    """The ModelConfig of a preset name or of a checkpoint folder's config.json."""
+    """The ModelConfig of a preset name or of a checkpoint folder's config.json.
+
+    Raises ModelConfigError, its message ``FOLDER/config.json: field must be ...``.
+    """
     if isinstance(model, str) and model in PRESETS:
         return preset_config(model)
     path = Path(model) / "config.json"
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long, a NUL character
+        found = False
+    if not found:
         raise ModelConfigError(
             f"model={str(model)!r} is neither a preset {sorted(PRESETS)} "
             "nor a folder with config.json"
         )
-    return ModelConfig.from_hf_config(json.loads(path.read_text()))
+    hf = _read_json(path)
+    try:
+        return ModelConfig.from_hf_config(hf)
+    except ModelConfigError as err:
+        raise ModelConfigError(f"{path}: {err}") from None
 
 
 def build_model(
@@ -85,21 +147,52 @@ def load_model(
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        listing = _read_json(index)
+        weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
+        if (
+            not isinstance(weight_map, dict)
+            or not weight_map
+            or not all(type(name) is str for name in weight_map.values())
+        ):
+            raise ModelConfigError(
+                f"{index}: weight_map must be an object from tensor names to shard file names"
+            )
+        return [_shard_path(index, name) for name in sorted(set(weight_map.values()))]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelConfigError(f"no *.safetensors weights in {folder}")
     return files
 
 
+def _shard_path(index: Path, name: str) -> Path:
+    """A weight_map entry as a file of the checkpoint folder; refuses paths leading out of it.
+
+    The test is on the name, not on the resolved file: Hugging Face's cache links each shard
+    to a blob outside the folder, which is fine, but ``../x`` or ``/etc/x`` is not.
+    """
+    parts = PurePosixPath(name).parts
+    if not name or "\0" in name or PurePosixPath(name).is_absolute() or ".." in parts:
+        raise ModelConfigError(
+            f"{index}: weight_map entry {name!r} is not a file name inside the checkpoint folder"
+        )
+    path = index.parent / name
+    if not path.is_file():
+        raise ModelConfigError(f"{index}: weight_map names {name!r}, which is not a file")
+    return path
+
+
 def _iter_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for path in _weight_files(folder):
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, handle.get_tensor(name)
+        try:
+            if not stat.S_ISREG(path.stat().st_mode):
+                raise ModelConfigError(f"{path}: not a regular file")
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, handle.get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise ModelConfigError(f"{path}: not a readable safetensors file: {err}") from None
 
 
 @torch.no_grad()

@@ -1,11 +1,12 @@
 """Token-length SPECs for synthetic traces, e.g. ``fixed:512`` or ``lognormal:1000:1.0``.
 
-SPEC syntax (lengths in tokens, every result at least 1):
+SPEC syntax (lengths in tokens, every result at least 1 and at most 2^30; numbers in ASCII
+digits; MEAN from 1 to 2^30 and CV from 0 to 100):
 
 - ``fixed:N`` (or just ``N``): always N.
 - ``uniform:LO:HI``: integers uniform on [LO, HI], both included.
 - ``lognormal:MEAN:CV[:MAX]``: lognormal with that mean and coefficient of variation, rounded,
-  clipped to [1, MAX].
+  clipped to [1, MAX] (MAX defaults to MAX_TOKENS, 2^30).
 - ``trace:NAME``: resampled with replacement from a shipped trace (e.g. ``azure_llm_2023_conv``)
   or a kvsim trace file; the prompt SPEC draws prompt lengths, the output SPEC output lengths.
   When both SPECs name the same trace, whole requests are resampled so the two stay paired.
@@ -14,13 +15,21 @@ SPEC syntax (lengths in tokens, every result at least 1):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
-from workloads.errors import SpecError
+from workloads.errors import (
+    OversizedInteger,
+    SpecError,
+    int_or_oversized,
+    shorten,
+    show_value,
+)
 from workloads.formats import load_trace
+from workloads.limits import MAX_CV, MAX_TOKENS
 from workloads.shipped import resolve_trace
 
 SPEC_HELP = (
@@ -47,47 +56,64 @@ class LengthSpec:
     source: str | None = None  # trace name or path, for kind TRACE
 
 
+# ASCII digits only: int() and float() would also take "1_5" and full-width digits.
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
+_DECIMAL = re.compile(r"\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
+
+
+def _bad_spec(spec: str, problem: str) -> SpecError:
+    return SpecError(f"bad length SPEC {shorten(spec)!r}: {problem}")
+
+
 def _int(text: str, spec: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise SpecError(f"bad length SPEC {spec!r}: {text!r} is not an integer") from None
-    if value < 1:
-        raise SpecError(f"bad length SPEC {spec!r}: lengths must be >= 1, got {value}")
+    if not _INTEGER.fullmatch(text):
+        raise _bad_spec(spec, f"{shorten(text)!r} is not an integer")
+    value = int_or_oversized(text)
+    if isinstance(value, OversizedInteger) or not 1 <= value <= MAX_TOKENS:
+        raise _bad_spec(
+            spec, f"lengths must be >= 1 and <= {MAX_TOKENS} (2^30 tokens), got {show_value(value)}"
+        )
     return value
 
 
-def _positive(text: str, spec: str, allow_zero: bool = False) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SpecError(f"bad length SPEC {spec!r}: {text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise SpecError(f"bad length SPEC {spec!r}: {text!r} is out of range")
+def _number(text: str, spec: str, low: float, high: float, what: str) -> float:
+    if not _DECIMAL.fullmatch(text):
+        raise _bad_spec(spec, f"{shorten(text)!r} is not a number")
+    value = float(text)
+    if not low <= value <= high:
+        raise _bad_spec(
+            spec, f"{shorten(text)!r} is out of range ({what} must be from {low:g} to {high:.10g})"
+        )
     return value
 
 
 def parse_length_spec(spec: str) -> LengthSpec:
-    """Parse a SPEC string (see the module docstring); raises SpecError naming the problem."""
+    """Parse a SPEC string (see the module docstring); raises SpecError naming the problem.
+
+    Lengths (N, LO, HI, MAX, MEAN) are 1 to MAX_TOKENS (2^30) tokens and CV is 0 to MAX_CV;
+    numbers use ASCII digits.
+    """
+    if type(spec) is not str:
+        raise SpecError(f"a length SPEC must be a string, got {shorten(repr(spec))}")
     kind, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []
-    if not rest and kind.strip().isdigit():
+    if not rest and _INTEGER.fullmatch(kind):
         return LengthSpec(kind=LengthKind.FIXED, params=(_int(kind, spec),))
     if kind == "fixed" and len(args) == 1:
         return LengthSpec(kind=LengthKind.FIXED, params=(_int(args[0], spec),))
     if kind == "uniform" and len(args) == 2:
         low, high = _int(args[0], spec), _int(args[1], spec)
         if low > high:
-            raise SpecError(f"bad length SPEC {spec!r}: LO must be <= HI")
+            raise _bad_spec(spec, "LO must be <= HI")
         return LengthSpec(kind=LengthKind.UNIFORM, params=(low, high))
     if kind == "lognormal" and len(args) in (2, 3):
-        mean = _positive(args[0], spec)
-        cv = _positive(args[1], spec, allow_zero=True)
+        mean = _number(args[0], spec, 1, MAX_TOKENS, "MEAN")
+        cv = _number(args[1], spec, 0, MAX_CV, "CV")
         cap = float(_int(args[2], spec)) if len(args) == 3 else math.inf
         return LengthSpec(kind=LengthKind.LOGNORMAL, params=(mean, cv, cap))
     if kind == "trace" and rest:
         return LengthSpec(kind=LengthKind.TRACE, source=rest)
-    raise SpecError(f"bad length SPEC {spec!r}; expected {SPEC_HELP}")
+    raise SpecError(f"bad length SPEC {shorten(spec)!r}; expected {SPEC_HELP}")
 
 
 def trace_lengths(source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +137,7 @@ def sample_lengths(
         mean, cv, cap = spec.params
         sigma2 = math.log1p(cv * cv)  # the lognormal with this mean and CV
         draws = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), count)
-        return np.clip(np.rint(draws), 1, cap).astype(np.int64)
+        return np.clip(np.rint(draws), 1, min(cap, MAX_TOKENS)).astype(np.int64)
     assert spec.source is not None
     prompt, output = trace_lengths(spec.source)
     values = prompt if column == "prompt" else output

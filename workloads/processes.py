@@ -14,14 +14,14 @@ Requests and their finish events are the only state; KV memory is never mirrored
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sized
 from typing import Any, Literal
 
 import numpy as np
 import simpy
 
 from workloads.errors import WorkloadError
+from workloads.limits import MAX_TIME_S, is_integer, is_number
 from workloads.request import Request
 
 Submit = Callable[[Request], simpy.Event]
@@ -137,10 +137,22 @@ def closed_loop(
     ``think_time_s`` with ``think_time_dist="fixed"``. The process ends when all users are done.
     """
     # Validate now (not at the first simpy step) so bad arguments fail where they are passed.
-    if concurrency < 1:
-        raise WorkloadError(f"concurrency must be >= 1, got {concurrency}")
-    if not (think_time_s >= 0 and math.isfinite(think_time_s)):
-        raise WorkloadError(f"think time must be a finite number >= 0, got {think_time_s}")
+    if not is_integer(concurrency) or concurrency < 1:
+        raise WorkloadError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+    if not (is_number(think_time_s) and 0 <= think_time_s <= MAX_TIME_S):
+        raise WorkloadError(
+            f"think time must be a number of seconds from 0 to {MAX_TIME_S:.0f} (2^32), "
+            f"got {think_time_s!r}"
+        )
+    if think_time_dist not in ("exponential", "fixed"):
+        raise WorkloadError(
+            f"think time distribution must be exponential or fixed, got {think_time_dist!r}"
+        )
+    if isinstance(requests, Sized):
+        # Users past the number of requests would never claim one; not starting them gives
+        # the same run (same claims, same think-time draws) and keeps --concurrency 10**12
+        # from building 10**12 simpy processes.
+        concurrency = min(concurrency, max(len(requests), 1))
     if think_time_dist == "exponential" and think_time_s > 0 and rng is None:
         raise WorkloadError("exponential think times need an rng")
     return _users(

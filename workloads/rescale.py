@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from workloads.errors import WorkloadError
+from workloads.limits import MAX_TIME_S, is_integer, is_number
 from workloads.request import Trace
 
 
@@ -27,8 +28,14 @@ def scale_time(trace: Trace, factor: float) -> Trace:
 
     ``cancel_after_s`` (a user's patience) is left unchanged.
     """
-    if not (factor > 0 and math.isfinite(factor)):
-        raise WorkloadError(f"time scale factor must be a positive number, got {factor}")
+    if not (is_number(factor) and factor > 0 and math.isfinite(factor)):
+        raise WorkloadError(f"time scale factor must be a positive number, got {factor!r}")
+    last = trace.requests[-1].arrival_time_s * factor if trace.requests else 0.0
+    if last > MAX_TIME_S:
+        raise WorkloadError(
+            f"scaling arrival times by {factor:.6g} puts the last arrival at {last:.6g} s, past "
+            f"the {MAX_TIME_S:.0f} s (2^32 s) a trace may span"
+        )
     requests = [
         dataclasses.replace(r, arrival_time_s=r.arrival_time_s * factor) for r in trace.requests
     ]
@@ -37,8 +44,8 @@ def scale_time(trace: Trace, factor: float) -> Trace:
 
 def rescale_to_rate(trace: Trace, rate_per_s: float) -> Trace:
     """Scale arrival times so :func:`mean_arrival_rate` equals ``rate_per_s`` (requests/s)."""
-    if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
-        raise WorkloadError(f"rate must be a positive number of requests/s, got {rate_per_s}")
+    if not (is_number(rate_per_s) and rate_per_s > 0 and math.isfinite(rate_per_s)):
+        raise WorkloadError(f"rate must be a positive number of requests/s, got {rate_per_s!r}")
     return scale_time(trace, mean_arrival_rate(trace) / rate_per_s)
 
 
@@ -49,12 +56,12 @@ def truncate(
     seconds after the first arrival (both limits apply when both are given)."""
     requests = trace.requests
     if max_duration_s is not None:
-        if not max_duration_s > 0:
+        if not (is_number(max_duration_s) and max_duration_s > 0):
             raise WorkloadError(f"max duration must be positive, got {max_duration_s}")
         end = requests[0].arrival_time_s + max_duration_s if requests else 0.0
         requests = [r for r in requests if r.arrival_time_s < end]
     if max_requests is not None:
-        if max_requests < 1:
+        if not is_integer(max_requests) or max_requests < 1:
             raise WorkloadError(f"max requests must be >= 1, got {max_requests}")
         requests = requests[:max_requests]
     return dataclasses.replace(trace, requests=requests)

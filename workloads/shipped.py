@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, shorten
 
 TRACES_DIR = Path(__file__).parent / "traces"
 DEFAULT_TRACE_NAME = "azure_llm_2023_conv_first_2min"
 _SUFFIX = ".jsonl"
+_SHOWN_PATH = 200  # characters of a path that names no file, in the error
 
 
 def shipped_trace_names() -> list[str]:
@@ -25,7 +26,7 @@ def shipped_trace_path(name: str) -> Path:
     path = TRACES_DIR / (name if name.endswith(_SUFFIX) else name + _SUFFIX)
     if "/" in name or not path.is_file():
         raise WorkloadError(
-            f"no shipped trace named {name!r}; shipped: {', '.join(shipped_trace_names())}"
+            f"no shipped trace named {shorten(name)!r}; shipped: {', '.join(shipped_trace_names())}"
         )
     return path
 
@@ -37,13 +38,16 @@ def resolve_trace(arg: str | Path) -> Path:
         WorkloadError: neither exists (the message lists the shipped names).
     """
     path = Path(arg)
-    if path.exists():
-        return path
+    try:
+        if path.exists():
+            return path
+    except OSError as err:  # e.g. a name too long for the file system
+        raise WorkloadError(f"{shorten(str(arg), _SHOWN_PATH)}: {err.strerror or err}") from None
     try:
         return shipped_trace_path(str(arg))
     except WorkloadError:
         raise WorkloadError(
-            f"{arg}: no such file, and no shipped trace of that name "
+            f"{shorten(str(arg), _SHOWN_PATH)}: no such file, and no shipped trace of that name "
             f"(shipped: {', '.join(shipped_trace_names())})"
         ) from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workloads.arrivals import ArrivalProcess
+from workloads.arrivals import ArrivalProcess, as_rng
 from workloads.errors import WorkloadError
 from workloads.lengths import (
     LengthKind,
@@ -19,11 +19,6 @@ from workloads.lengths import (
     trace_lengths,
 )
 from workloads.request import Request, Trace
-
-
-def as_rng(seed: int | np.random.Generator) -> np.random.Generator:
-    """A Generator from a seed (or the Generator itself, to share one stream)."""
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
 def sample_prompt_output(
@@ -58,8 +53,9 @@ def generate_trace(
 ) -> Trace:
     """A synthetic trace of ``num_requests`` requests, or of all arrivals before ``duration_s``.
 
-    Request ids are "0", "1", ... in arrival order. Raises SpecError for bad parameters and
-    WorkloadError when no request arrives within ``duration_s``.
+    Request ids are "0", "1", ... in arrival order. Raises SpecError for bad parameters (a
+    negative seed, a count past MAX_GENERATED_REQUESTS, lengths past MAX_TOKENS, arrivals past
+    MAX_TIME_S) and WorkloadError when no request arrives within ``duration_s``.
     """
     rng = as_rng(seed)
     prompt_spec = parse_length_spec(prompt) if isinstance(prompt, str) else prompt

@@ -6,6 +6,8 @@ Llama, Mistral and Qwen2 share one architecture here; they differ only in config
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,52 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 class ModelConfigError(EngineError, ValueError):
     """A config.json (or preset) the engine cannot build a model from; names the bad field."""
+
+
+_MAX_SIZE = 2**31 - 1  # a size past int32 is a typo, not a model
+_MAX_SHOWN_CHARS = 60
+_REQUIRED = object()
+
+
+class LongInteger:
+    """An integer literal of more digits than ``int()`` takes (4,300), kept as its length so
+    the field holding it can be named (see ``engine.loader``)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, literal: str) -> None:
+        self.digits = len(literal.lstrip("-"))
+
+
+def _show_value(value: object) -> str:
+    """A config value as JSON writes it (``null``, ``"x"``, ``[1, 2]``), shortened; never raises."""
+    if isinstance(value, LongInteger):
+        return f"an integer of {value.digits:,} digits"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= _MAX_SHOWN_CHARS else text[: _MAX_SHOWN_CHARS - 3] + "..."
+
+
+def _bad(name: str, rule: str, value: object) -> ModelConfigError:
+    return ModelConfigError(f"{name} must be {rule}, got {_show_value(value)}")
+
+
+def _check_size(name: str, value: object) -> int:
+    """``value`` if it is an integer from 1 to 2^31 - 1 (JSON integers only: no bool, no 4.0)."""
+    if type(value) is not int or not 1 <= value <= _MAX_SIZE:
+        raise _bad(name, f"a positive integer (at most {_MAX_SIZE})", value)
+    return value
+
+
+def _check_number(name: str, value: object, *, positive: bool = True) -> float:
+    rule = "a finite number > 0" if positive else "a finite number >= 0"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, rule, value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise _bad(name, rule, value)
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,10 +82,19 @@ class RopeConfig:
     def __post_init__(self) -> None:
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelConfigError(
-                f"rope_type={self.rope_type!r} is not supported (one of {SUPPORTED_ROPE_TYPES})"
+                f"rope_type={_show_value(self.rope_type)} is not supported "
+                f"(one of {SUPPORTED_ROPE_TYPES})"
             )
-        if self.theta <= 0 or self.factor <= 0:
-            raise ModelConfigError(f"rope theta={self.theta}, factor={self.factor} must be > 0")
+        _check_number("rope_theta", self.theta)
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            _check_number(name, getattr(self, name))
+        _check_size("original_max_position_embeddings", self.original_max_position_embeddings)
+        if self.rope_type == "llama3" and not self.low_freq_factor < self.high_freq_factor:
+            # layers.rope_inv_freq divides by their difference
+            raise ModelConfigError(
+                f"llama3 rope needs low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor} and {self.high_freq_factor}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,15 +120,10 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
-            if getattr(self, name) <= 0:
-                raise ModelConfigError(f"{name}={getattr(self, name)} must be > 0")
-        if self.num_attention_heads <= 0 or self.num_key_value_heads <= 0 or self.head_dim <= 0:
-            raise ModelConfigError(
-                f"num_attention_heads={self.num_attention_heads}, "
-                f"num_key_value_heads={self.num_key_value_heads}, head_dim={self.head_dim} "
-                "must all be > 0"
-            )
+        for name in _SIZE_FIELDS:
+            _check_size(name, getattr(self, name))
+        _check_number("rms_norm_eps", self.rms_norm_eps)
+        _check_number("initializer_range", self.initializer_range, positive=False)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelConfigError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -98,56 +150,106 @@ class ModelConfig:
         return self.num_hidden_layers * per_layer + embed + h
 
     @classmethod
-    def from_hf_config(cls, hf: Mapping[str, Any]) -> ModelConfig:
-        """Build from a Hugging Face config.json dict (Llama, Mistral or Qwen2)."""
-        model_type = str(hf.get("model_type", "llama"))
+    def from_hf_config(cls, hf: object) -> ModelConfig:
+        """Build from a Hugging Face config.json object (Llama, Mistral or Qwen2).
+
+        JSON types are strict: sizes are integers (not ``4096.0``, not ``true``), flags are
+        booleans; ``null`` means "not given" where Hugging Face allows that (``head_dim``,
+        ``num_key_value_heads``, ``rope_scaling``, ``eos_token_id``, ...). Raises
+        ModelConfigError naming the field.
+        """
+        if not isinstance(hf, Mapping):
+            raise ModelConfigError(f"expected a JSON object, got {_json_type(hf)}")
+        model_type = _get(hf, "model_type", "llama", str)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelConfigError(
-                f"model_type={model_type!r} is not supported (one of {SUPPORTED_MODEL_TYPES})"
+                f"model_type={_show_value(model_type)} is not supported "
+                f"(one of {SUPPORTED_MODEL_TYPES})"
             )
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ModelConfigError(f"hidden_act={hf['hidden_act']!r}: only 'silu' is supported")
-        try:
-            hidden = int(hf["hidden_size"])
-            heads = int(hf["num_attention_heads"])
-            head_dim = hf.get("head_dim") or hidden // heads
-            attention_bias = bool(hf.get("attention_bias", False))
-            return cls(
-                model_type=model_type,
-                vocab_size=int(hf["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(hf["intermediate_size"]),
-                num_hidden_layers=int(hf["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-                head_dim=int(head_dim),
-                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-                rope=_rope_from_hf(hf),
-                qkv_bias=attention_bias or model_type == "qwen2",
-                o_proj_bias=attention_bias and model_type != "qwen2",
-                mlp_bias=bool(hf.get("mlp_bias", False)),
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                initializer_range=float(hf.get("initializer_range", 0.02)),
-                eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+        hidden_act = _get(hf, "hidden_act", "silu", str)
+        if hidden_act != "silu":
+            raise ModelConfigError(
+                f"hidden_act={_show_value(hidden_act)}: only 'silu' is supported"
             )
-        except KeyError as err:
-            raise ModelConfigError(f"config.json lacks the field {err.args[0]!r}") from err
+        hidden = _check_size("hidden_size", _get(hf, "hidden_size"))
+        heads = _check_size("num_attention_heads", _get(hf, "num_attention_heads"))
+        attention_bias = _get(hf, "attention_bias", False, bool)
+        return cls(
+            model_type=model_type,
+            vocab_size=_get(hf, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_get(hf, "intermediate_size"),
+            num_hidden_layers=_get(hf, "num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=_get(hf, "num_key_value_heads", heads),
+            head_dim=_get(hf, "head_dim", hidden // heads),
+            rms_norm_eps=_get(hf, "rms_norm_eps", 1e-6),
+            max_position_embeddings=_get(hf, "max_position_embeddings", 4096),
+            rope=_rope_from_hf(hf),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_proj_bias=attention_bias and model_type != "qwen2",
+            mlp_bias=_get(hf, "mlp_bias", False, bool),
+            tie_word_embeddings=_get(hf, "tie_word_embeddings", False, bool),
+            initializer_range=_get(hf, "initializer_range", 0.02),
+            eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+        )
+
+
+_SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _get(
+    hf: Mapping[str, Any], key: str, default: Any = _REQUIRED, kind: type | None = None
+) -> Any:
+    """``hf[key]``, or ``default`` when it is absent or null; with ``kind``, of that exact type.
+
+    A required field (no default) that is null is returned as None for its check to refuse;
+    numbers are checked by the dataclasses they go into (their messages name the field).
+    """
+    if key not in hf:
+        if default is _REQUIRED:
+            raise ModelConfigError(f"missing field {key!r}")
+        return default
+    value = hf[key]
+    if value is None and default is not _REQUIRED:
+        return default
+    if kind is not None and type(value) is not kind:
+        rule = {str: "a string", bool: "true or false"}.get(kind, kind.__name__)
+        raise _bad(key, rule, value)
+    return value
 
 
 def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
     """Read transformers 5 `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
-    params: Mapping[str, Any] = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    key = "rope_parameters" if hf.get("rope_parameters") is not None else "rope_scaling"
+    params = hf.get(key)
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise _bad(key, "an object or null", params)
+    rope_type = _get(params, "rope_type", _get(params, "type", "default", str), str)
     return RopeConfig(
-        theta=theta,
+        theta=_get(params, "rope_theta", _get(hf, "rope_theta", 10000.0)),
         rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
+        factor=_get(params, "factor", 1.0),
+        low_freq_factor=_get(params, "low_freq_factor", 1.0),
+        high_freq_factor=_get(params, "high_freq_factor", 4.0),
+        original_max_position_embeddings=_get(
+            params, "original_max_position_embeddings", _get(hf, "max_position_embeddings", 8192)
         ),
     )
 
@@ -155,9 +257,10 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
 def _eos_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    ids = value if isinstance(value, list) else [value]
+    if any(type(v) is not int or not 0 <= v <= _MAX_SIZE for v in ids):
+        raise _bad("eos_token_id", "a token id, a list of token ids or null", value)
+    return tuple(ids)
 
 
 # --- presets -----------------------------------------------------------------------------

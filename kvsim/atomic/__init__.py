@@ -17,7 +17,9 @@ parent folder, and puts back an old run a dead process had moved aside without r
 
 from kvsim.atomic.folders import (
     FolderKind,
+    atomic_dir,
     atomic_write_bytes,
+    check_name,
     check_target,
     deferred_signals,
     exchange,
@@ -36,7 +38,9 @@ __all__ = [
     "FolderKind",
     "OutputBusyError",
     "OutputError",
+    "atomic_dir",
     "atomic_write_bytes",
+    "check_name",
     "check_target",
     "deferred_signals",
     "exchange",

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -141,19 +141,25 @@ def _os_problem(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def check_target(final: Path, kind: FolderKind, *, force: bool) -> None:
-    """Raise ``OutputError`` unless ``final`` may be written: it does not exist, or it is a
-    ``kind`` folder holding only what kvsim writes and ``force`` is given."""
+def check_name(final: Path, what: str = "output") -> None:
+    """Raise ``OutputError`` if ``final`` can never be an output folder: no name, the current
+    folder or one above it, a name too long for the file system, a symbolic link."""
     if final.name in ("", ".", "..") or _holds_cwd(final):
         raise OutputError(
-            f"{str(final)!r}: name a new folder for the {kind.what}, e.g. runs/mine (kvsim "
-            "never replaces the current folder or one above it)"
+            f"{str(final)!r}: name a new folder for the {what}, e.g. runs/mine (kvsim never "
+            "replaces the current folder or one above it)"
         )
     size = len(final.name.encode("utf-8", "surrogateescape"))
     if size > NAME_MAX:
         raise OutputError(f"{final}: file name too long ({size} bytes; at most {NAME_MAX})")
     if os.path.islink(final):
         raise OutputError(f"{final}: is a symbolic link; give the folder it points to")
+
+
+def check_target(final: Path, kind: FolderKind, *, force: bool) -> None:
+    """Raise ``OutputError`` unless ``final`` may be written: it does not exist, or it is a
+    ``kind`` folder holding only what kvsim writes and ``force`` is given."""
+    check_name(final, kind.what)
     if not os.path.lexists(final):
         return
     if not final.is_dir():
@@ -212,8 +218,9 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
-@contextlib.contextmanager
-def output_folder(final: Path, kind: FolderKind, *, force: bool = False) -> Iterator[Path]:
+def output_folder(
+    final: Path, kind: FolderKind, *, force: bool = False
+) -> contextlib.AbstractContextManager[Path]:
     """Yield a fresh temporary folder beside ``final``; when the block ends without an
     exception it replaces ``final``.
 
@@ -223,8 +230,22 @@ def output_folder(final: Path, kind: FolderKind, *, force: bool = False) -> Iter
     removed and ``final`` is left as it was. Nothing of this process's is left beside
     ``final`` afterwards.
     """
+    return atomic_dir(final, lambda path: check_target(path, kind, force=force))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path, check: Callable[[Path], None] | None = None) -> Iterator[Path]:
+    """``output_folder`` for a folder with rules of its own: ``check(final)`` raises unless
+    ``final`` may be replaced; it runs before anything is made, again under the lock, and
+    before the swap (``check_name`` always applies)."""
     final = Path(final)
-    check_target(final, kind, force=force)  # before creating anything
+
+    def may_write(path: Path) -> None:
+        check_name(path)
+        if check is not None:
+            check(path)
+
+    may_write(final)  # before creating anything
     created = _prepare_parent(final)
     with contextlib.ExitStack() as stack:
         # A failed or interrupted write leaves no folder it made (``runs/`` included).
@@ -238,7 +259,7 @@ def output_folder(final: Path, kind: FolderKind, *, force: bool = False) -> Iter
                 f"{final}: cannot write in {final.parent}: {_os_problem(exc)}"
             ) from None
         remove_stale_temporaries(final.parent)
-        check_target(final, kind, force=force)  # again, now that we hold the lock
+        may_write(final)  # again, now that we hold the lock
         tmp = temp_path(final)
         try:
             os.mkdir(tmp)  # 0777 less the umask: an ordinary folder
@@ -246,7 +267,7 @@ def output_folder(final: Path, kind: FolderKind, *, force: bool = False) -> Iter
             raise OutputError(f"{final}: cannot write: {_os_problem(exc)}") from None
         try:
             yield tmp
-            check_target(final, kind, force=force)  # nothing else came in meanwhile
+            may_write(final)  # nothing else came in meanwhile
             with deferred_signals():
                 _move_into_place(tmp, final)
         except BaseException:

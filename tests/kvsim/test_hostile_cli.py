@@ -544,15 +544,20 @@ def test_trace_arguments_of_info_and_run(tmp_path: Path) -> None:
     run_cases(cases, tmp_path)
 
 
-def test_a_megabyte_request_id_is_plotted_with_a_short_label(tmp_path: Path) -> None:
-    long_id = "r" * 1_000_000
-    trace = tmp_path / "t.jsonl"
-    trace.write_text(
-        json.dumps(
-            {"request_id": long_id, "arrival_time_s": 0, "prompt_tokens": 8, "output_tokens": 4}
-        )
-        + "\n"
-    )
+def _one_request_trace(path: Path, request_id: str) -> Path:
+    record = {"request_id": request_id, "arrival_time_s": 0, "prompt_tokens": 8,
+              "output_tokens": 4}  # fmt: skip
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
+def test_long_request_ids_are_refused_or_plotted_with_short_labels(tmp_path: Path) -> None:
+    huge = _one_request_trace(tmp_path / "huge.jsonl", "r" * 1_000_000)
+    result = CliRunner().invoke(app, ["run", str(huge), "--out", str(tmp_path / "no")])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "request_id" in result.stderr and not (tmp_path / "no").exists()
+    long_id = "[bold]$x^2$" + "r" * 1000  # as long as a trace may hold: markup, mathtext
+    trace = _one_request_trace(tmp_path / "t.jsonl", long_id)
     result = CliRunner().invoke(app, ["run", str(trace), "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "plots" / "gantt.png").stat().st_size < 200_000
@@ -568,3 +573,11 @@ def test_the_suite_is_hundreds_of_cases() -> None:
     )  # fmt: skip
     assert total >= 500
     assert not math.isnan(total)
+
+
+def test_labels_are_one_short_line_and_never_mathtext() -> None:
+    from kvsim.plots._common import text_label
+
+    assert text_label("r" * 1000) == "r" * 23 + "\u2026"
+    assert text_label("a\nb\tc") == "a b c"
+    assert text_label("$x^2$") == r"\$x^2\$"

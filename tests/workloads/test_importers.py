@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from workloads import (
@@ -125,7 +126,9 @@ def test_lengths_pairs_rows_with_seeded_arrivals(write: Write) -> None:
     ]
     assert first.dropped == {"0 prefill tokens": 1}
     times = [r.arrival_time_s for r in first.trace.requests]
-    assert times == sorted(times) and times[0] > 0
+    drawn = process.times(np.random.default_rng(3), num_requests=3)
+    assert times[0] == 0.0  # like every importer: the first kept request arrives at 0
+    assert times == pytest.approx((drawn - drawn[0]).tolist(), abs=1e-9)
     assert len(import_lengths(path, arrivals=process, num_requests=2).trace) == 2
     with pytest.raises(ValueError, match="asked for 4 requests but the file has 3 usable rows"):
         import_lengths(path, arrivals=process, num_requests=4)
@@ -155,13 +158,16 @@ def test_shipped_traces_load_with_documented_counts() -> None:
         "azure_llm_2023_code": 8_819,
         "azure_llm_2023_conv": 19_366,
         "azure_llm_2023_conv_first_2min": 456,
+        "mooncake_fast25_conversation": 12_031,
         "mooncake_fast25_conversation_first_1000": 1_000,
     }
     default = load_trace(DEFAULT_TRACE)
     assert default.requests[-1].arrival_time_s < 120
-    mooncake = load_trace(shipped_trace_path("mooncake_fast25_conversation_first_1000"))
-    assert mooncake.hash_block_size == 512
+    mooncake = load_trace(shipped_trace_path("mooncake_fast25_conversation"))
+    sample = load_trace(shipped_trace_path("mooncake_fast25_conversation_first_1000"))
+    assert mooncake.hash_block_size == sample.hash_block_size == 512
     assert all(r.hash_ids for r in mooncake.requests)
+    assert sample.requests == mooncake.requests[:1_000]  # the sample is the whole trace's head
 
 
 def test_unknown_shipped_name_lists_the_names() -> None:

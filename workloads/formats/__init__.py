@@ -44,8 +44,9 @@ def load_trace(path: str | Path) -> Trace:
     """Load a kvsim trace, choosing the format by extension (.json, .jsonl, .csv).
 
     Raises:
-        TraceFormatError: the file breaks a rule (message ``file:line: reason``).
-        OSError: the file cannot be opened.
+        TraceFormatError: the file breaks a rule (message ``file:line: reason``), or cannot be
+            read: missing, unreadable, not a regular file (a directory, FIFO or device), a line
+            over 1 MiB, a JSON document over 1 GiB (message ``file: reason``).
     """
     loader = _LOADERS[_suffix(path)]
     with gc_paused():

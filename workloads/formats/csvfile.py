@@ -14,7 +14,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from workloads.errors import TraceFormatError, show_value
+from workloads.errors import OversizedInteger, TraceFormatError, int_or_oversized, show_value
 from workloads.formats.jsonl import build_trace, parse_json_text
 from workloads.formats.records import (
     DuplicateTracker,
@@ -27,30 +27,35 @@ from workloads.formats.records import (
 from workloads.formats.textio import atomic_text_writer, iter_lines
 from workloads.request import ALL_FIELDS, REQUIRED_FIELDS, Request, Trace
 
+# ASCII digits only: int() and float() would also take "1_5" and full-width digits, which a
+# trace must not hold. nan/inf are matched so that Request names them as non-finite.
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:nan|inf|infinity)",
+    re.IGNORECASE,
+)
 _HASH_SEPARATORS = re.compile(r"[ ;]+")
 _TEXT_FIELDS = frozenset(("request_id", "session_id"))
 
 
-def _number(cell: str) -> int | float | str:
+def _number(cell: str) -> int | float | OversizedInteger | str:
     # Return the cell unchanged when it is no number, so Request names the bad value.
     text = cell.strip()
     if _INTEGER.fullmatch(text):
-        return int(text)
-    try:
+        return int_or_oversized(text)
+    if _DECIMAL.fullmatch(text):
         return float(text)
-    except ValueError:
-        return cell
+    return cell
 
 
-def _hash_ids(cell: str) -> list[int]:
+def _hash_ids(cell: str) -> list[int | OversizedInteger]:
     parts = [part for part in _HASH_SEPARATORS.split(cell.strip()) if part]
     if not all(_INTEGER.fullmatch(part) for part in parts):
         raise TraceFormatError(
             f"hash_ids must be integers separated by spaces or semicolons, got {show_value(cell)}",
             field="hash_ids",
         )
-    return [int(part) for part in parts]
+    return [int_or_oversized(part) for part in parts]
 
 
 def _convert(column: str, cell: str) -> Any:

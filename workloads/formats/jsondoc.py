@@ -18,13 +18,13 @@ from workloads.formats.records import (
     record_from_request,
     request_from_record,
 )
-from workloads.formats.textio import atomic_text_writer, decode_document
+from workloads.formats.textio import atomic_text_writer, decode_document, read_document
 from workloads.request import Request, Trace
 
 
 def load_json(path: str | Path) -> Trace:
     """Read a JSON document trace; errors in a request name its index as ``requests[i]``."""
-    data = Path(path).read_bytes()
+    data = read_document(path)
     if not data.strip():
         raise TraceFormatError("file is empty", path=path)
     document = parse_json_text(decode_document(data, path), path)

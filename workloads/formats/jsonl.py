@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from workloads.errors import TraceFormatError
+from workloads.errors import TraceFormatError, int_or_oversized
 from workloads.formats.records import (
     VERSION_KEY,
     DuplicateTracker,
@@ -21,12 +22,26 @@ from workloads.formats.textio import atomic_text_writer, iter_lines
 from workloads.request import Request, Trace
 
 _DECODER = json.JSONDecoder()  # stateless; skips json.loads' per-call argument handling
+# Only after _DECODER failed on an integer too long for int() (a rare error path, so the hot
+# path keeps the C scanner's own int parsing): keeps such integers as OversizedInteger so the
+# field that holds one is named in the error.
+_OVERSIZED_DECODER = json.JSONDecoder(parse_int=int_or_oversized)
 
 
 def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any:
-    """``json.loads`` a line (``line`` given) or a whole document, locating syntax errors."""
+    """``json.loads`` a line (``line`` given) or a whole document, locating syntax errors.
+
+    Raises only TraceFormatError: an integer of more than 4,300 digits becomes an
+    OversizedInteger for the field's check to refuse, nesting deeper than Python's recursion
+    limit is malformed JSON.
+    """
     try:
-        return _DECODER.decode(text)
+        try:
+            return _DECODER.decode(text)
+        except ValueError as err:
+            if isinstance(err, json.JSONDecodeError):
+                raise
+            return _OVERSIZED_DECODER.decode(text)  # int() refused a literal's length
     except json.JSONDecodeError as err:
         if line is None:
             line, column = err.lineno, err.colno
@@ -35,6 +50,36 @@ def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any
         raise TraceFormatError(
             f"malformed JSON: {err.msg} at column {column}", path=path, line=line
         ) from None
+    except RecursionError:
+        if line is None:  # a whole document: find the line, so the error can name it
+            line, column = _deep_position(text)
+        else:
+            column = _deep_position(text)[1]
+        raise TraceFormatError(
+            f"malformed JSON: arrays or objects nested too deeply (more than {_DEEP} levels "
+            f"at column {column})",
+            path=path,
+            line=line,
+        ) from None
+
+
+_DEEP = 100  # a kvsim record nests 3 levels; Python's parser gives up near 1,000
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _deep_position(text: str) -> tuple[int, int]:
+    """1-based line and column where ``text`` first nests more than _DEEP levels (error path)."""
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > _DEEP:
+                start = match.start()
+                return text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+        elif token in "]}":
+            depth -= 1
+    return 1, 1
 
 
 def load_jsonl(path: str | Path) -> Trace:

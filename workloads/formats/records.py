@@ -6,7 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from workloads.errors import TraceFormatError, show_value
-from workloads.request import ALL_FIELDS, REQUIRED_FIELDS, Request, check_hash_ids
+from workloads.request import (
+    ALL_FIELDS,
+    REQUIRED_FIELDS,
+    Request,
+    check_hash_block_size,
+    check_hash_ids,
+    check_trace_name,
+)
 
 FORMAT_VERSION = 1
 VERSION_KEY = "kvsim_trace"
@@ -43,16 +50,10 @@ def parse_metadata(obj: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> Met
             field=VERSION_KEY,
         )
     name = obj.get("name")
-    if name is not None and (type(name) is not str or not name):
-        raise TraceFormatError(
-            f"name must be a non-empty string, got {show_value(name)}", field="name"
-        )
+    if name is not None:
+        check_trace_name(name)
     block = obj.get("hash_block_size")
-    if block is not None and (type(block) is not int or block < 1):
-        raise TraceFormatError(
-            f"hash_block_size must be a positive integer or null, got {show_value(block)}",
-            field="hash_block_size",
-        )
+    check_hash_block_size(block)
     return Metadata(name=name, hash_block_size=block)
 
 

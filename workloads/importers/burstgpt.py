@@ -14,10 +14,11 @@ from workloads.importers.common import (
     ImportResult,
     iter_csv_rows,
     located,
+    located_request,
     parse_count,
     parse_seconds,
 )
-from workloads.request import Request, Trace
+from workloads.request import Trace
 
 COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 FAILED = "failed (0 response tokens)"
@@ -26,7 +27,7 @@ EMPTY_PROMPT = "0 request tokens"
 
 def import_burstgpt(path: str | Path, *, name: str | None = None) -> ImportResult:
     """Convert a BurstGPT CSV; request ids are 0-based data-row numbers."""
-    rows: list[tuple[str, float, int, int]] = []
+    rows: list[tuple[int, str, float, int, int]] = []  # (line, request id, s, prompt, output)
     dropped = {FAILED: 0, EMPTY_PROMPT: 0}
     num_rows = 0
     for line, (stamp, request_tokens, response_tokens) in iter_csv_rows(path, COLUMNS):
@@ -40,13 +41,15 @@ def import_burstgpt(path: str | Path, *, name: str | None = None) -> ImportResul
         if output == 0 or prompt == 0:
             dropped[FAILED if output == 0 else EMPTY_PROMPT] += 1
             continue
-        rows.append((str(num_rows - 1), seconds, prompt, output))
+        rows.append((line, str(num_rows - 1), seconds, prompt, output))
     if not rows:
         raise TraceFormatError("no usable rows", path=path)
-    start = min(row[1] for row in rows)
+    start = min(row[2] for row in rows)
     requests = [
-        Request(request_id=rid, arrival_time_s=t - start, prompt_tokens=p, output_tokens=o)
-        for rid, t, p, o in rows
+        located_request(
+            path, line, request_id=rid, arrival_time_s=t - start, prompt_tokens=p, output_tokens=o
+        )
+        for line, rid, t, p, o in rows
     ]
     trace = Trace(name=name or Path(path).stem, hash_block_size=None, requests=requests)
     return ImportResult(

@@ -8,6 +8,8 @@ ignored. Rows with 0 input or 0 output tokens are dropped and counted.
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +18,24 @@ from workloads.formats.jsonl import parse_json_text
 from workloads.formats.records import json_type_name
 from workloads.formats.textio import iter_lines
 from workloads.importers.common import ImportResult, parse_count
-from workloads.request import Request, Trace, check_hash_ids
+from workloads.request import Request, Trace, check_hash_block_size, check_hash_ids
 
 MOONCAKE_BLOCK_TOKENS = 512
+_MAX_TIMESTAMP_MS = sys.float_info.max  # ints are compared exactly, then converted
 _EMPTY_PROMPT = "0 input tokens"
 _EMPTY_OUTPUT = "0 output tokens"
 
 
 def _timestamp_ms(value: object) -> float:
-    if type(value) not in (int, float) or not 0 <= value < float("inf"):  # type: ignore[operator]
-        raise TraceFormatError(
-            f"timestamp must be a finite number of milliseconds >= 0, got {show_value(value)}",
-            field="timestamp",
-        )
-    return value  # type: ignore[return-value]
+    # An int past float range would make the later shift to 0 raise OverflowError.
+    if type(value) is int and 0 <= value <= _MAX_TIMESTAMP_MS:
+        return float(value)
+    if type(value) is float and 0 <= value < math.inf:
+        return value
+    raise TraceFormatError(
+        f"timestamp must be a finite number of milliseconds >= 0, got {show_value(value)}",
+        field="timestamp",
+    )
 
 
 def _parse_row(obj: Any) -> tuple[float, int, int, object]:
@@ -65,6 +71,9 @@ def import_mooncake(
     path: str | Path, *, name: str | None = None, hash_block_size: int = MOONCAKE_BLOCK_TOKENS
 ) -> ImportResult:
     """Convert a Mooncake JSONL trace; request ids are 0-based data-row numbers."""
+    if hash_block_size is None:
+        raise TraceFormatError("hash_block_size must be a positive integer, got null")
+    check_hash_block_size(hash_block_size)
     rows: list[tuple[int, int, tuple[float, int, int, object]]] = []  # (line, row id, row)
     dropped = {_EMPTY_PROMPT: 0, _EMPTY_OUTPUT: 0}
     num_rows = 0
