@@ -31,7 +31,7 @@ from kvsim.costmodel import (
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
-from kvsim.sim.simulation import Progress, SimSettings, Simulation
+from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
 
@@ -146,17 +146,22 @@ def run(
     events_path: Path | None = None,
     *,
     keep_events: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode.
 
     With ``events_path`` the events are streamed to that Parquet file as the run goes (memory
     stays bounded whatever the trace's length) and ``RunResult.events`` is None. Without
     ``keep_events`` they are neither kept nor written (the metrics are computed all the same):
-    for sweeps, where a small block size makes tens of millions of block rows."""
+    for sweeps, where a small block size makes tens of millions of block rows. ``on_start``
+    gets the number of requests to replay once the trace is loaded (a progress bar's total);
+    ``progress`` is called every 4,096 steps in cost mode, every step in engine mode."""
     if not keep_events:
         events_path = None
     if config.mode == "engine":
-        return _run_engine_mode(config, progress, events_path, keep_events=keep_events)
+        return _run_engine_mode(
+            config, progress, events_path, keep_events=keep_events, on_start=on_start
+        )
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     limits = scheduling_limits(config, cost_model.gpu)
@@ -166,6 +171,7 @@ def run(
     max_model_len = resolve_max_model_len(config, cost_model.model.max_model_len, warnings)
     resolved = {
         "trace_path": str(trace_path),
+        "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
@@ -177,7 +183,7 @@ def run(
     }
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
-        events_path=events_path, keep_events=keep_events, limits=limits,
+        events_path=events_path, keep_events=keep_events, on_start=on_start, limits=limits,
     )  # fmt: skip
 
 
@@ -196,6 +202,7 @@ def _run_engine_mode(
     events_path: Path | None = None,
     *,
     keep_events: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     trace_path, trace = load_workload(config)
@@ -205,6 +212,7 @@ def _run_engine_mode(
     block_manager = llm.block_manager
     resolved: dict[str, Any] = {
         "trace_path": str(trace_path),
+        "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": block_manager.num_blocks,
         "max_model_len": scheduler.config.max_model_len,
@@ -229,6 +237,7 @@ def _run_engine_mode(
         prompt_tokens_of=tokens_of,
         events_path=events_path,
         keep_events=keep_events,
+        on_start=on_start,
     )
 
 
@@ -245,6 +254,7 @@ def simulate(
     prompt_tokens_of: Callable[[Request], Any] | None = None,
     events_path: Path | None = None,
     keep_events: bool = True,
+    on_start: Callable[[int], None] | None = None,
     limits: SchedulingLimits | None = None,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
@@ -312,7 +322,11 @@ def simulate(
         on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,
+        # an engine-mode step takes milliseconds to seconds: report each one
+        progress_every_steps=1 if config.mode == "engine" else PROGRESS_EVERY_STEPS,
     )
+    if on_start is not None:
+        on_start(len(trace.requests))
     try:
         result = sim.run(progress)
     finally:
@@ -321,6 +335,9 @@ def simulate(
     steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len, usage)
     requests = requests_frame(result, steps)
     events = events_frame(result) if not streamed else None
-    summary = summarize(result, requests, steps)
+    summary = summarize(
+        result, requests, steps,
+        closed_loop=config.concurrency is not None, measured=config.mode == "engine",
+    )  # fmt: skip
     marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)
