@@ -263,7 +263,7 @@ def simulate(
     placeholder_tokens = getattr(executor, "placeholder_tokens", False)
     if scheduler is None:
         if limits is None:
-            raise ValueError("simulate() builds a scheduler only from resolved limits")
+            limits = scheduling_limits(config, resolve_gpu(config.gpu))
         scheduler_class = (
             FastDecodeScheduler if config.fast_decode and placeholder_tokens else Scheduler
         )

@@ -33,12 +33,17 @@ import simpy
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.events import ChunkCallback, EventKind
 from engine.fast_decode import FastDecodeScheduler
+from engine.fast_v1 import FastV1Scheduler
 from engine.prefix_keys import PrefixSource
+from engine.sequence import SequenceStatus
 from kvsim.sim.executor import Executor
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
 PROGRESS_EVERY_STEPS = 4096
+
+
+FINISHED_REJECTED = SequenceStatus.FINISHED_REJECTED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,6 +193,12 @@ class Simulation:
     def _cancel(self, request_id: str, _deadline: simpy.Event) -> None:
         self.abort(request_id)
 
+    def _finish_seq(self, seq: Sequence) -> None:
+        """A sequence the scheduler returned as finished (rejected ones with their reason)."""
+        if seq.status is FINISHED_REJECTED:
+            self._reject_reasons[seq.seq_id] = seq.finish_reason or "rejected"
+        self._finish(seq.seq_id)
+
     def _finish(self, seq_id: int) -> None:
         self._num_done += 1
         if self._closed_loop:
@@ -244,12 +255,9 @@ class Simulation:
                 if not sched.has_unfinished():
                     continue
             out = sched.schedule()
-            if out.rejected:
-                for seq in out.rejected:
-                    self._reject_reasons[seq.seq_id] = seq.finish_reason or "rejected"
             if out.is_empty:
                 for seq in sched.update(out, []):
-                    self._finish(seq.seq_id)
+                    self._finish_seq(seq)
                 if not out.rejected:  # nothing can run until something arrives
                     self._wake = env.event()
                     yield self._wake
@@ -260,7 +268,7 @@ class Simulation:
             running.append(sched.num_running)
             yield from self._advance_clock(dt)
             for seq in sched.update(out, tokens):
-                self._finish(seq.seq_id)
+                self._finish_seq(seq)
             self._report(progress)
 
     def _advance_clock(self, dt: float) -> Generator[simpy.Event, Any, None]:
@@ -282,12 +290,12 @@ class Simulation:
         general way. A step that ends at or after the next simpy event is left pending and
         run with a timeout (see ``_advance_clock``)."""
         env, sched = self.env, self.scheduler
-        assert isinstance(sched, FastDecodeScheduler)
+        assert isinstance(sched, (FastDecodeScheduler, FastV1Scheduler))
         if self._decode_step_time is None:
             self._decode_step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
         step_time = self._decode_step_time
         durations, filled, running = self._durations, self._filled, self._running
-        finish, peek = self._finish, env.peek
+        finish, peek = self._finish_seq, env.peek
         pending_dt = 0.0
         # When the next simpy event is due: inside run_plain_decodes only a finish can bring
         # it closer (a closed-loop user's completion event), so it is read again only then.
@@ -311,7 +319,7 @@ class Simulation:
         def on_finished(seqs: list[Sequence]) -> None:
             nonlocal next_due
             for seq in seqs:
-                finish(seq.seq_id)
+                finish(seq)
             next_due = peek()
 
         while sched.run_plain_decodes(on_step, on_finished):
