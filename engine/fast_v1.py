@@ -18,10 +18,10 @@ them), with the machinery of engine/fast_decode.py applied to v1's mixed steps:
   runs the plain V1Scheduler step.
 
 ``run_plain_decodes`` / ``begin_plain_decode`` / ``end_plain_decode`` run decode-only steps
-back to back without output objects, as FastDecodeScheduler's do. Between ``schedule()`` and
-``update()`` of a step with prefill chunks (kind PREFILL or MIXED) every scheduled
-sequence's state is exact; in a DECODE step read the scheduler's counters
-(``num_cached_tokens``) as with FastDecodeScheduler. Call ``sync()`` before
+back to back without output objects, as FastDecodeScheduler's do. A fast step's output
+(``FastV1Output``) says which scheduled sequences are exact; the rest are decoders, whose
+total context the scheduler's ``num_cached_tokens`` gives (as FastDecodeScheduler's does).
+Call ``sync()`` before
 reading running sequences' state or calling ``check_invariants()``.
 """
 
@@ -41,6 +41,18 @@ RUNNING = SequenceStatus.RUNNING  # module constants: see engine/scheduler.py
 FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
 FINISH = EventKind.FINISH
 PREFILL, DECODE, MIXED = StepKind.PREFILL, StepKind.DECODE, StepKind.MIXED
+
+
+class FastV1Output(FastDecodeOutput):
+    """A fast v1 step: no per-token views (see FastDecodeOutput). ``exact_seqs`` lists the
+    scheduled sequences whose state is exact between ``schedule()`` and ``update()`` (those
+    prefilling, and those admitted), with their tokens; every other scheduled sequence is a
+    decoder computing 1 token, whose ``cached_token_count`` may lag. Their total context
+    (computed tokens + 1 each) is ``scheduler.num_cached_tokens + out.num_batched_tokens``
+    minus the ``cached_token_count + n`` of the exact ones."""
+
+    __slots__ = ("exact_seqs",)
+    exact_seqs: list[tuple[Sequence, int]]
 
 
 class FastV1Scheduler(LazyV1Scheduler):
@@ -153,14 +165,7 @@ class FastV1Scheduler(LazyV1Scheduler):
             ):
                 num_decodes += 1
         kind = DECODE if num_decodes == len(seqs) else PREFILL if num_decodes == 0 else MIXED
-        if kind is not DECODE:
-            # A cost model reads each sequence's context in a step with prefill chunks (in
-            # a decode step, scheduler.num_cached_tokens): make the decoders exact.
-            epoch = self._epoch
-            for seq in running:
-                if seq.seq_id in epoch:
-                    self._sync(seq)
-        out = FastDecodeOutput(
+        out = FastV1Output(
             step=self.step,
             kind=kind,
             seqs=seqs,
@@ -170,6 +175,7 @@ class FastV1Scheduler(LazyV1Scheduler):
             rejected=rejected,
             admitted=admitted,
         )
+        out.exact_seqs = [(seq, n) for seq, n, _ in batch]
         self._pending = self._fast_out = out
         self._fast_batch = batch
         if sink is not None:

@@ -55,6 +55,9 @@ def v1_setups(draw: st.DrawFn) -> dict[str, Any]:
         "watermark": draw(st.sampled_from([0.0, 0.0, 0.1])),
         "max_model_len": draw(st.sampled_from([None, None, 40])),
         "prefix_kind": draw(st.sampled_from(["tokens", "hash_ids", "unique"])),
+        # read every step's contexts as a cost model would (the fast scheduler then brings
+        # its lazy decoders up to date each step: off, lazy stretches stay long)
+        "inspect": draw(st.booleans()),
     }
 
 
@@ -107,7 +110,7 @@ def drive(
             bm.check_invariants()
 
     def step_record(
-        out: Any, finished: list[Sequence], used: int, contexts: list[int] | None
+        out: Any, finished: list[Sequence], used: int, contexts: tuple[int, list[int]] | None
     ) -> None:
         trace.append(
             (
@@ -124,11 +127,23 @@ def drive(
             )
         )
 
-    def contexts_of(out: Any) -> list[int] | None:
-        """Each sequence's computed tokens as the step runs, when a cost model reads them."""
-        if out.kind is StepKind.DECODE:
+    def contexts_of(out: Any) -> tuple[int, list[int]] | None:
+        """What a cost model reads while the step runs: the batch's total context (computed
+        + scheduled tokens) and each sequence's computed tokens. A fast step gives the total
+        as scheduler.num_cached_tokens + batched tokens and exact states for its
+        ``exact_seqs``: checked here, before bringing everything up to date."""
+        if not setup["inspect"]:
             return None
-        return [s.cached_token_count for s in out.seqs]
+        exact = getattr(out, "exact_seqs", None)
+        if exact is not None:
+            before = [(s, s.cached_token_count) for s, _ in exact]
+            total = sched.num_cached_tokens + out.num_batched_tokens
+            sched.sync()
+            assert all(s.cached_token_count == c for s, c in before)
+        contexts = [s.cached_token_count for s in out.seqs]
+        if exact is not None:
+            assert total == sum(contexts) + out.num_batched_tokens
+        return sum(contexts) + out.num_batched_tokens, contexts
 
     def one_step() -> None:
         out = sched.schedule()
@@ -169,7 +184,7 @@ def drive(
             step_record(out, finished, used, contexts)
             checked()
         elif kind == "run" and fast:
-            a -= run_plain(sched, bm, a, trace)
+            a -= run_plain(sched, bm, a, trace, setup["inspect"])
             checked()
             for _ in range(a):
                 one_step()
@@ -192,7 +207,7 @@ def drive(
     )
 
 
-def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any]) -> int:
+def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool) -> int:
     """Up to ``max_steps`` plain steps through run_plain_decodes, traced as a step is (the
     plain scheduler runs them as ordinary steps); returns how many ran."""
     steps: list[list[Any]] = []
@@ -206,8 +221,25 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any]) ->
         assert context_tokens == sched.num_cached_tokens + num_seqs
         assert num_used_blocks == bm.num_used_blocks
         batch = [s.seq_id for s in sched.running]
+        inspected = None
+        if inspect:
+            sched.sync()  # allowed at any time: the plain path's contexts, to compare
+            contexts = [s.cached_token_count for s in sched.running]
+            assert context_tokens == sum(contexts) + num_seqs
+            inspected = (context_tokens, contexts)
         steps.append(
-            [StepKind.DECODE, batch, [1] * num_seqs, [], [], [], [], None, num_used_blocks, None]
+            [
+                StepKind.DECODE,
+                batch,
+                [1] * num_seqs,
+                [],
+                [],
+                [],
+                [],
+                None,
+                num_used_blocks,
+                inspected,
+            ]
         )
         return len(steps) < max_steps
 
