@@ -3,7 +3,7 @@
 The BlockManager is the only record of KV memory. It hands out physical blocks
 ``0 .. num_blocks - 1`` from a FIFO free queue (a fresh manager gives 0, 1, 2, ...; freed
 blocks go to the back), keeps an owner table and a reference count per block, and checks
-DESIGN.md's invariants on demand. It imports no torch.
+docs/design.md's invariants on demand. It imports no torch.
 
 The classic scheduler uses the methods here (every reference count is 0 or 1). The v1
 scheduler uses vLLM's free-queue order, shared blocks and the prefix cache, in the methods
@@ -322,7 +322,7 @@ class BlockManager(KVCacheManagerMixin):
     # --- invariants --------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """Verify DESIGN.md's invariants; raise ``InvariantError`` naming block and sequence."""
+        """Verify docs/design.md's invariants; raise ``InvariantError`` naming block and sequence."""
         if self._v1:
             check_v1_block_manager(
                 self.num_blocks,

@@ -1,4 +1,4 @@
-"""DESIGN.md's BlockManager invariants, checked from the manager's raw bookkeeping.
+"""The BlockManager invariants of docs/design.md, checked from the manager's raw bookkeeping.
 
 Kept apart from block_manager.py so the hot paths there stay short to read; only
 ``BlockManager.check_invariants`` calls this.

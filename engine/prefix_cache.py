@@ -14,10 +14,49 @@ from collections import deque
 import numpy as np
 
 from engine.events import EventKind, EventSink
-from engine.prefix_keys import GEN_TAG, ensure_block_hashes
+from engine.prefix_keys import GEN_TAG, TOKEN_ROOT
 from engine.sequence import Sequence
 
 CACHE, EVICT, CACHE_RESET = EventKind.CACHE, EventKind.EVICT, EventKind.CACHE_RESET
+
+
+def ensure_block_hashes(seq: Sequence, num_blocks: int, block_size: int) -> list[int]:
+    """``seq.block_hashes`` extended to (at least) its first ``num_blocks`` full blocks,
+    which must all be known tokens (num_blocks * block_size <= seq.num_tokens)."""
+    keys = seq.block_hashes
+    have = len(keys)
+    if have >= num_blocks:
+        return keys
+    source = seq.prefix
+    num_prompt = seq.num_prompt_tokens
+    if source is None:
+        prompt, generated = seq.prompt_token_ids, seq.generated_token_ids
+        parent = keys[-1] if keys else TOKEN_ROOT
+        for i in range(have, num_blocks):
+            start, end = i * block_size, (i + 1) * block_size
+            if end <= num_prompt:
+                tokens = tuple(prompt[start:end])
+            elif start >= num_prompt:
+                tokens = tuple(generated[start - num_prompt : end - num_prompt])
+            else:
+                tokens = (*prompt[start:], *generated[: end - num_prompt])
+            parent = hash((parent, tokens))
+            keys.append(parent)
+        return keys
+    num_prompt_blocks = num_prompt // block_size
+    if have < num_prompt_blocks:
+        keys.extend(
+            source.prompt_block_keys(
+                seq.seq_id, have, min(num_blocks, num_prompt_blocks), block_size
+            )
+        )
+        have = len(keys)
+    if have < num_blocks:
+        parent = keys[-1] if have > num_prompt_blocks else source.prompt_key(seq.seq_id, num_prompt)
+        for _ in range(have, num_blocks):
+            parent = hash((parent, GEN_TAG))
+            keys.append(parent)
+    return keys
 
 
 class PrefixCacheMixin:

@@ -24,15 +24,11 @@ Keys are computed lazily, block by block, when a lookup or a cache insertion nee
 from __future__ import annotations
 
 from collections.abc import Sequence as Ints
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from engine.sequence import Sequence
-
 # Tags that keep the key families apart (any constant works: they only enter tuple hashes).
-_TOKEN_ROOT = -0x6B76_7369_6D00  # parent "hash" of a token-keyed sequence's first block
+TOKEN_ROOT = -0x6B76_7369_6D00  # parent "hash" of a token-keyed sequence's first block
 _HASH_ID_ROOT = -0x6B76_7369_6D01  # start of a hash-id chain
 _UNIQUE = -0x6B76_7369_6D02  # prompt blocks shared with nobody (salted by seq_id)
 GEN_TAG = -0x6B76_7369_6D03  # a block holding placeholder (generated) tokens
@@ -180,42 +176,3 @@ def prefix_from_hash_ids(
     if hash_block_size is None:
         raise ValueError("hash_ids need a hash_block_size (tokens per hash id)")
     return HashIdPrefix(hash_ids, hash_block_size, prompt_tokens)
-
-
-def ensure_block_hashes(seq: Sequence, num_blocks: int, block_size: int) -> list[int]:
-    """``seq.block_hashes`` extended to (at least) its first ``num_blocks`` full blocks,
-    which must all be known tokens (num_blocks * block_size <= seq.num_tokens)."""
-    keys = seq.block_hashes
-    have = len(keys)
-    if have >= num_blocks:
-        return keys
-    source = seq.prefix
-    num_prompt = seq.num_prompt_tokens
-    if source is None:
-        prompt, generated = seq.prompt_token_ids, seq.generated_token_ids
-        parent = keys[-1] if keys else _TOKEN_ROOT
-        for i in range(have, num_blocks):
-            start, end = i * block_size, (i + 1) * block_size
-            if end <= num_prompt:
-                tokens = tuple(prompt[start:end])
-            elif start >= num_prompt:
-                tokens = tuple(generated[start - num_prompt : end - num_prompt])
-            else:
-                tokens = (*prompt[start:], *generated[: end - num_prompt])
-            parent = hash((parent, tokens))
-            keys.append(parent)
-        return keys
-    num_prompt_blocks = num_prompt // block_size
-    if have < num_prompt_blocks:
-        keys.extend(
-            source.prompt_block_keys(
-                seq.seq_id, have, min(num_blocks, num_prompt_blocks), block_size
-            )
-        )
-        have = len(keys)
-    if have < num_blocks:
-        parent = keys[-1] if have > num_prompt_blocks else source.prompt_key(seq.seq_id, num_prompt)
-        for _ in range(have, num_blocks):
-            parent = hash((parent, GEN_TAG))
-            keys.append(parent)
-    return keys

@@ -1,6 +1,6 @@
 """A request's state as the engine sees it: tokens, KV-cache progress and block table.
 
-Semantics (DESIGN.md): after prefill of a P-token prompt, ``cached_token_count == P``, one
+Semantics (docs/design.md): after prefill of a P-token prompt, ``cached_token_count == P``, one
 token G has been sampled, ``last_token_id == G``, and G's K/V is written by the next decode
 step at token index P.
 """

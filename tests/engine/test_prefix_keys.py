@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from engine.prefix_cache import ensure_block_hashes
 from engine.prefix_keys import (
     UNIQUE_PREFIX,
     HashIdPrefix,
-    ensure_block_hashes,
     prefix_from_hash_ids,
 )
 
