@@ -322,7 +322,7 @@ class BlockManager(KVCacheManagerMixin):
     # --- invariants --------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """Verify docs/design.md's invariants; raise ``InvariantError`` naming block and sequence."""
+        """Check docs/design.md's invariants; raise ``InvariantError`` naming block and sequence."""
         if self._v1:
             check_v1_block_manager(
                 self.num_blocks,
