@@ -156,7 +156,7 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
     """``value`` is of the field's declared type (JSON's types: an int is a float, a bool is
     not a number), or None where the field is optional."""
     args = typing.get_args(hint)
-    if isinstance(hint, types.UnionType) and type(None) in args:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union) and type(None) in args:
         if value is None:
             return
         hint = next(a for a in args if a is not type(None))
@@ -274,11 +274,12 @@ class RunConfig:
         default_text="v1: 0 (vLLM 0.33); classic: 0.01",
         check=fraction(low_open=False, high_open=True),
     )
-    scheduler: SchedulerName = option(
-        "v1",
+    scheduler: SchedulerName | None = option(
+        None,
         help="v1: vLLM 0.33's scheduler (one token budget shared by decodes and prefill "
         "chunks, prefix caching, priorities); classic: vLLM's 2023 scheduler (a step is a "
         "prefill or a decode batch; the vLLM paper's figures)",
+        default_text="v1; classic with a contiguous --allocator (the paper's comparison)",
     )
     enable_chunked_prefill: bool = option(
         True, help="v1: cut prefills into chunks that fit the step's token budget"
@@ -296,6 +297,7 @@ class RunConfig:
     )
     scheduling_policy: Policy = option(
         "fcfs",
+        unit="POLICY",
         help="v1: fcfs (arrival order) or priority (the trace's priority, lower first)",
     )
     rate: float | None = option(
@@ -390,6 +392,16 @@ class RunConfig:
             problem = rule(self)
             if problem is not None:
                 raise ConfigError(problem)
+
+    def caches_prefixes(self) -> bool:
+        """Whether the run caches prefixes (v1 only: classic never reuses a block)."""
+        return self.resolved_scheduler() == "v1" and self.enable_prefix_caching
+
+    def resolved_scheduler(self) -> str:
+        """``scheduler``, or its default: v1, classic for a contiguous allocator."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return "v1" if self.allocator == "paged" else "classic"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -495,9 +507,9 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         else None
     ),
     lambda c: (
-        f"allocator {c.allocator!r} runs with --scheduler classic (the contiguous baselines "
-        "reproduce the vLLM paper's comparison of 2023 schedulers)"
-        if c.allocator != "paged" and c.scheduler != "classic"
+        f"allocator {c.allocator!r} runs with the classic scheduler (the contiguous baselines "
+        "reproduce the vLLM paper's comparison of 2023 schedulers), not --scheduler v1"
+        if c.allocator != "paged" and c.scheduler == "v1"
         else None
     ),
     lambda c: (
@@ -553,7 +565,7 @@ CLASSIC_LIMITS = SchedulingLimits(max_num_seqs=256, max_num_batched_tokens=8192,
 def scheduling_limits(config: RunConfig, gpu: GPUSpec) -> SchedulingLimits:
     """``config``'s limits, with vLLM 0.33's serving defaults for ``gpu`` under v1 (watermark
     0) and the 2023 defaults (256 sequences, 8,192 tokens, watermark 0.01) under classic."""
-    if config.scheduler == "v1":
+    if config.resolved_scheduler() == "v1":
         tokens, seqs = serving_batch_defaults(gpu)
         defaults = SchedulingLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, watermark=0.0)
     else:

@@ -49,11 +49,6 @@ class RunResult:
     marks: pd.DataFrame | None = None  # PREEMPT and REJECT events, for the plots
 
 
-def prefix_caching(config: RunConfig) -> bool:
-    """Whether the run caches prefixes (a v1 option: classic never reuses a block)."""
-    return config.scheduler == "v1" and config.enable_prefix_caching
-
-
 def scheduler_config(
     config: RunConfig, limits: SchedulingLimits, max_model_len: int | None
 ) -> SchedulerConfig:
@@ -62,7 +57,7 @@ def scheduler_config(
         max_num_seqs=limits.max_num_seqs,
         max_num_batched_tokens=limits.max_num_batched_tokens,
         max_model_len=max_model_len,
-        scheduler=config.scheduler,
+        scheduler=config.resolved_scheduler(),
         enable_chunked_prefill=config.enable_chunked_prefill,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         policy=config.scheduling_policy,
@@ -271,11 +266,11 @@ def simulate(
             scheduler_config(config, limits, max_model_len),
             build_allocator(
                 config.allocator, num_blocks, config.block_size, limits.watermark, max_model_len,
-                enable_prefix_caching=prefix_caching(config),
+                enable_prefix_caching=config.caches_prefixes(),
             ),
         )  # fmt: skip
     prefix_of = None
-    if placeholder_tokens and prefix_caching(config):
+    if placeholder_tokens and config.caches_prefixes():
         # Placeholder tokens say nothing about sharing: the trace's hash_ids do.
         hash_block_size, block_size = trace.hash_block_size, config.block_size
 

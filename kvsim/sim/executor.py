@@ -47,7 +47,7 @@ class CostModelExecutor:
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
         """Block-table entries the step's attention reads (read before ``update``)."""
-        if out.kind is DECODE:
+        if out.kind is DECODE or scheduler.is_v1:
             return scheduler.block_manager.num_used_blocks  # every used block is a runner's
         return sum(len(seq.block_table) for seq in out.seqs)
 
@@ -55,9 +55,14 @@ class CostModelExecutor:
         """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
         n = len(out.seqs)
         blocks = self.blocks_walked(out, scheduler)
-        if out.kind is DECODE:
+        if out.kind is DECODE and n == scheduler.num_running:
             # Every running sequence decodes: its context is its cache plus this token.
             return self.decode_step_time(n, scheduler.num_cached_tokens + n, blocks)
+        if scheduler.is_v1:
+            pairs, decode_context = v1_attention_counts(out, scheduler)
+            return self.cost_model.step_time_of(
+                n, out.num_batched_tokens, pairs, decode_context, blocks
+            )
         pairs = 0
         for seq, new in zip(out.seqs, out.num_new_tokens):
             pairs += causal_pairs(new, seq.cached_token_count)
@@ -99,3 +104,32 @@ class LinearStepExecutor:
         if len(self._zeros) < n:
             self._zeros = [0] * n
         return self.base_s + self.per_token_s * out.num_batched_tokens, self._zeros[:n]
+
+
+def v1_attention_counts(out: SchedulerOutput, scheduler: Scheduler) -> tuple[int, int]:
+    """A v1 step's attention work: (query-key pairs of its prefill chunks, context tokens of
+    its decodes). A decode computes a sequence's last token alone (vLLM's notion, and the step
+    kind's); a chunk of n tokens after c computed ones has n*c + n(n+1)/2 pairs (prefix hits
+    are among the c: they cost reads, no compute).
+
+    FastV1Scheduler's steps list only the sequences whose state is exact (``exact_seqs``);
+    the others are decoders, whose total context the scheduler's counters give, so a step
+    costs O(chunks), and the plain and fast schedulers price a step identically."""
+    exact = getattr(out, "exact_seqs", None)
+    if exact is None:
+        exact = list(zip(out.seqs, out.num_new_tokens))
+        lazy_context = 0
+    else:
+        # Every running sequence is scheduled in a fast step: the counters cover them all.
+        lazy_context = scheduler.num_cached_tokens + out.num_batched_tokens
+        for seq, n in exact:
+            lazy_context -= seq.cached_token_count + n
+    pairs = 0
+    decode_context = lazy_context
+    for seq, n in exact:
+        cached = seq.cached_token_count
+        if n == 1 and cached + 1 == seq.num_tokens:
+            decode_context += cached + 1
+        else:
+            pairs += causal_pairs(n, cached)
+    return pairs, decode_context
