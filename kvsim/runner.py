@@ -170,6 +170,8 @@ def run(
         "trace_name": trace.name,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
+        "scheduler": config.resolved_scheduler(),
+        "enable_prefix_caching": config.caches_prefixes(),
         **dataclasses.asdict(limits),
         "memory_plan": plan,
         "cost_model": cost_model.describe(),
@@ -211,6 +213,8 @@ def _run_engine_mode(
         "trace_name": trace.name,
         "num_blocks": block_manager.num_blocks,
         "max_model_len": scheduler.config.max_model_len,
+        "scheduler": config.resolved_scheduler(),
+        "enable_prefix_caching": config.caches_prefixes(),
         **dataclasses.asdict(limits),
         "engine": {
             "model": config.model,

@@ -57,8 +57,14 @@ def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str,
     ]  # fmt: skip
 
 
-def print_summary(s: dict[str, Any], out_dir: object, allocator: str = "paged") -> None:
-    """Print ``summary.json`` ``s`` of the run written to ``out_dir``."""
+def print_summary(
+    s: dict[str, Any],
+    out_dir: object,
+    allocator: str = "paged",
+    option_warnings: list[str] | tuple[str, ...] = (),
+) -> None:
+    """Print ``summary.json`` ``s`` of the run written to ``out_dir``, then the run's warnings:
+    ``option_warnings`` (what-if settings, from config.json's ``resolved.warnings``) first."""
     table = Table(title="kvsim run", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -74,6 +80,6 @@ def print_summary(s: dict[str, Any], out_dir: object, allocator: str = "paged") 
     console.print(latencies)
     from kvsim.analysis.load import warnings
 
-    for line in warnings(s):
+    for line in [*option_warnings, *warnings(s)]:
         say("warning: ", plain(line), style="yellow")
     say("run folder: ", out_dir)
