@@ -29,7 +29,13 @@ from kvsim.costmodel import (
     resolve_model,
 )
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
-from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
+from kvsim.sim.engine_mode import (
+    SESSION_STREAM_TOKENS,
+    EngineExecutor,
+    PromptTokens,
+    build_llm,
+    session_stream_key,
+)
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
@@ -275,10 +281,16 @@ def simulate(
         )  # fmt: skip
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
-        # Placeholder tokens say nothing about sharing: the trace's hash_ids do.
+        # Placeholder tokens say nothing about sharing: the trace's hash_ids do, or else its
+        # session ids (docs/formats.md, "Prefix identity").
         hash_block_size, block_size = trace.hash_block_size, config.block_size
 
         def prefix_of(request: Request) -> PrefixSource:
+            if not request.hash_ids and request.session_id is not None:
+                return prefix_from_hash_ids(
+                    [session_stream_key(request.session_id)], SESSION_STREAM_TOKENS,
+                    request.prompt_tokens, block_size,
+                )  # fmt: skip
             return prefix_from_hash_ids(
                 request.hash_ids, hash_block_size, request.prompt_tokens, block_size
             )

@@ -150,3 +150,62 @@ def test_contiguous_allocator_defaults_to_classic_and_refuses_v1(tmp_path: Path)
     assert refused.exit_code == 2
     assert len(refused.output.strip().splitlines()) == 1
     assert "classic" in refused.output and not (tmp_path / "v1").exists()
+
+
+def hit_tokens_by_request(folder: Path) -> dict[str, int]:
+    """Tokens each request was served from the prefix cache (its PREFIX_HIT events)."""
+    events = pd.read_parquet(folder / "events.parquet")
+    requests = pd.read_parquet(folder / "requests.parquet")
+    hits = events[events["kind"] == "PREFIX_HIT"].groupby("seq_id")["num_tokens"].first()
+    return {
+        row.request_id: int(hits.get(row.seq_id, 0)) for row in requests.itertuples(index=False)
+    }
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 1024])
+def test_hash_ids_share_whole_blocks_at_any_block_size(tmp_path: Path, block_size: int) -> None:
+    # 512-token hash blocks; "b" repeats "a"'s first two hash ids, "c" only the first.
+    rows = [
+        {"request_id": "a", "arrival_time_s": 0.0, "prompt_tokens": 1500, "output_tokens": 2,
+         "hash_ids": [1, 2, 3]},
+        {"request_id": "b", "arrival_time_s": 10.0, "prompt_tokens": 1500, "output_tokens": 2,
+         "hash_ids": [1, 2, 9]},
+        {"request_id": "c", "arrival_time_s": 20.0, "prompt_tokens": 1500, "output_tokens": 2,
+         "hash_ids": [1, 7, 8]},
+    ]  # fmt: skip
+    trace = tmp_path / "h.jsonl"
+    trace.write_text(
+        json.dumps({"kvsim_trace": 1, "name": "h", "hash_block_size": 512})
+        + "\n"
+        + "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    out = tmp_path / "run"
+    result = kvsim("run", trace, "--block-size", block_size, "--no-plots", "--out", out)
+    assert result.exit_code == 0, result.output
+    shared = {"a": 0, "b": 1024, "c": 512}  # tokens of equal hash prefix
+    # only whole blocks of the run's block size inside the shared prefix hit
+    expected = {r: tokens // block_size * block_size for r, tokens in shared.items()}
+    assert hit_tokens_by_request(out) == expected
+
+
+def test_session_ids_share_the_conversation_so_far_without_hash_ids(tmp_path: Path) -> None:
+    rows = [
+        {"request_id": "t1", "arrival_time_s": 0.0, "prompt_tokens": 100, "output_tokens": 4,
+         "session_id": "s"},
+        {"request_id": "t2", "arrival_time_s": 10.0, "prompt_tokens": 300, "output_tokens": 4,
+         "session_id": "s"},
+        {"request_id": "other", "arrival_time_s": 20.0, "prompt_tokens": 300,
+         "output_tokens": 4, "session_id": "u"},
+        {"request_id": "alone", "arrival_time_s": 30.0, "prompt_tokens": 300,
+         "output_tokens": 4},
+    ]  # fmt: skip
+    trace = write_trace(tmp_path / "s.jsonl", rows)
+    out = tmp_path / "run"
+    result = kvsim("run", trace, "--no-plots", "--out", out)
+    assert result.exit_code == 0, result.output
+    # t2 re-reads t1's prompt: its 6 full blocks of 16 (t1's output is model-made, not shared)
+    assert hit_tokens_by_request(out) == {"t1": 0, "t2": 96, "other": 0, "alone": 0}
+    off = tmp_path / "off"
+    result = kvsim("run", trace, "--no-enable-prefix-caching", "--no-plots", "--out", off)
+    assert result.exit_code == 0, result.output
+    assert set(hit_tokens_by_request(off).values()) == {0}
