@@ -106,3 +106,15 @@ def test_hit_rate_on_1000_mooncake_requests(
     summary = simulate(trace_slice(tmp_path, 1000), num_blocks, step_time)
     check = check_same_decisions if step_time else check_hit_rate_near
     check(summary, reference(1000, num_blocks))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_blocks", [200000, 30000])
+@pytest.mark.parametrize("step_time", [LINEAR, None])
+def test_hit_rate_on_the_whole_mooncake_conversation_trace(
+    num_blocks: int, step_time: str | None
+) -> None:
+    """The issue's acceptance runs: all 12,031 requests (max_model_len 200,000: none rejected)."""
+    summary = simulate(resolve_trace("mooncake_fast25_conversation"), num_blocks, step_time)
+    check = check_same_decisions if step_time else check_hit_rate_near
+    check(summary, reference(12031, num_blocks))
