@@ -27,6 +27,7 @@ from kvsim.sweep.compare import (
     value_text,
 )
 from kvsim.sweep.plots import sweep_figures
+from kvsim.sweep.spec import KV_SLOTS
 from kvsim.sweep.table import SweepResult, max_rates
 
 CAPTIONS = {
@@ -39,6 +40,10 @@ CAPTIONS = {
     "tokens still to come, internal fragmentation (held, never used), external fragmentation "
     "(free holes too small for the waiting request) and free.",
     "batch": "Batch size per step and preemptions.",
+    "prefix_cache": "The block-size trade-off: prefix-cache hit rate (prompt tokens served "
+    "from cache, first admissions; only full blocks are cached, so it falls as blocks grow), "
+    "TTFT, and the block-table walk's share of busy time (one entry per block in use: it "
+    "grows as blocks shrink).",
     "slo": "Latency at the SLO percentile against the request rate (log scale); dotted: the SLO.",
 }
 # Columns of the points table: (sweep.csv column, heading, format).
@@ -52,6 +57,8 @@ POINT_COLUMNS = (
     ("e2e_latency_s_p50", "e2e p50 s", "{:.2f}"),
     ("e2e_latency_s_p99", "e2e p99 s", "{:.2f}"),
     ("normalized_latency_s_per_token", "norm. s/tok", "{:.4f}"),
+    ("prefix_cache_hit_rate", "prefix hit rate", "{:.1%}"),
+    ("block_walk_share", "block walk", "{:.1%}"),
     ("kv_token_state_share_mean", "token states", "{:.1%}"),
     ("num_preemptions", "preempt.", "{:,.0f}"),
     ("mean_batch_size", "mean batch", "{:.1f}"),
@@ -95,6 +102,13 @@ def _points_rows(table: pd.DataFrame, axes: tuple[str, ...]) -> tuple[list[str],
 
 def _memory_note(result: SweepResult) -> str:
     base = result.spec.base
+    swept = dict(result.spec.axes).get(KV_SLOTS)
+    if swept is not None:
+        return (
+            f"KV capacity swept: {', '.join(f'{v:,}' for v in swept)} tokens, the same bytes "
+            "at every block size (num_blocks = capacity / block size; kv_cache_gib in "
+            "sweep.csv)."
+        )
     if result.spec.kv_slots is not None:
         return (
             f"KV memory held at {result.spec.kv_slots:,} slots (num_blocks = slots / block size)."
