@@ -14,6 +14,10 @@ from __future__ import annotations
 import pandas as pd
 
 from kvsim.analysis.cache_curve import cache_curve
+from kvsim.analysis.prefix_blocks import PrefixBlocksError
+from kvsim.runner import load_workload
+from kvsim.sweep.compare import labelled
+from kvsim.sweep.spec import SweepSpec
 from workloads import Trace
 
 BOUND_COLUMNS = ("lru_hit_rate", "optimal_hit_rate")
@@ -35,3 +39,25 @@ def hit_rate_bounds(table: pd.DataFrame, trace: Trace) -> pd.DataFrame:
                 group["kv_slots"].astype(float).map(rates[policy]).to_numpy()
             )
     return ok
+
+
+def bound_lines(table: pd.DataFrame, spec: SweepSpec) -> list[str]:
+    """The report's sentences: each point's simulated hit rate beside the cache curve of the
+    sweep's trace at its block size and kv_slots. None when no point measured a hit rate or
+    the trace has no hash_ids (the curve needs prefix identity)."""
+    if "prefix_cache_hit_rate" not in table or table["prefix_cache_hit_rate"].isna().all():
+        return []
+    _, trace = load_workload(spec.base)
+    try:
+        bounds = hit_rate_bounds(table, trace)
+    except PrefixBlocksError:
+        return []
+    names = [n for n in ("block_size", "kv_slots", *spec.axis_names) if n in bounds]
+    lines = []
+    for _, r in bounds.iterrows():
+        who = labelled({n: r[n] for n in dict.fromkeys(names)})
+        lines.append(
+            f"{who}: simulated {r['prefix_cache_hit_rate']:.1%}; cache curve LRU "
+            f"{r['lru_hit_rate']:.1%}, optimal {r['optimal_hit_rate']:.1%}."
+        )
+    return lines

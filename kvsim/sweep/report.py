@@ -18,6 +18,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvsim.sweep.cache_bound import bound_lines
 from kvsim.sweep.compare import (
     Comparison,
     best_by_rate,
@@ -65,6 +66,14 @@ POINT_COLUMNS = (
     ("max_batch_size", "max batch", "{:,.0f}"),
     ("num_blocks", "blocks", "{:,.0f}"),
     ("sim_wall_s", "sim wall s", "{:.2f}"),
+)
+
+
+BOUND_INTRO = (
+    "Simulated prefix-cache hit rates beside the offline cache curve of the trace at the same "
+    "block size and capacity (kvsim cache-curve: a cache holding only prefix blocks, one "
+    "request at a time; the simulated pool also holds running requests' blocks, so it sits "
+    "at or below LRU when they crowd it):"
 )
 
 
@@ -172,8 +181,13 @@ def write_report(result: SweepResult, folder: Path) -> None:
         (folder / "plots" / f"{name}.png").write_bytes(data)
     best = best_by_rate(result.table, spec)
     command = shlex.join(result.command)
-    (folder / "report.md").write_text(_markdown(result, best, pngs, command), encoding="utf-8")
-    (folder / "report.html").write_text(_html(result, best, pngs, command), encoding="utf-8")
+    bounds = bound_lines(result.table, spec)
+    (folder / "report.md").write_text(
+        _markdown(result, best, pngs, command, bounds), encoding="utf-8"
+    )
+    (folder / "report.html").write_text(
+        _html(result, best, pngs, command, bounds), encoding="utf-8"
+    )
 
 
 def _best_lines(best: list[Comparison]) -> list[tuple[str, str, str]]:
@@ -188,7 +202,11 @@ def _best_lines(best: list[Comparison]) -> list[tuple[str, str, str]]:
 
 
 def _markdown(
-    result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], command: str
+    result: SweepResult,
+    best: list[Comparison],
+    pngs: dict[str, bytes],
+    command: str,
+    bounds: list[str],
 ) -> str:
     out = [f"# kvsim sweep: {result.spec.base.trace}", ""]
     out += [f"- {line}" for line in _facts(result)]
@@ -205,6 +223,9 @@ def _markdown(
     slo = _slo_lines(result)
     if slo:
         out += ["", "## Rate sweep", "", *(f"- {line}" for line in slo)]
+    if bounds:
+        out += ["", "## Prefix cache against the cache curve", "", BOUND_INTRO, ""]
+        out += [f"- {line}" for line in bounds]
     if pngs:
         out += ["", "## Figures", ""]
         for name in pngs:
@@ -237,7 +258,13 @@ tr.failed td{background:#fff5f5}.err{color:#c53030}ul.best li{margin:2px 0}
 """
 
 
-def _html(result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], command: str) -> str:
+def _html(
+    result: SweepResult,
+    best: list[Comparison],
+    pngs: dict[str, bytes],
+    command: str,
+    bounds: list[str],
+) -> str:
     e = html.escape
     title = f"kvsim sweep: {result.spec.base.trace}"
     out = [
@@ -265,6 +292,9 @@ def _html(result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], c
     slo = _slo_lines(result)
     if slo:
         out += ["<h2>Rate sweep</h2><ul>", *(f"<li>{e(x)}</li>" for x in slo), "</ul>"]
+    if bounds:
+        out += ["<h2>Prefix cache against the cache curve</h2>", f"<p>{e(BOUND_INTRO)}</p><ul>"]
+        out += [f"<li>{e(x)}</li>" for x in bounds] + ["</ul>"]
     if pngs:
         out.append("<h2>Figures</h2>")
     for name, data in pngs.items():
