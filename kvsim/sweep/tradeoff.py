@@ -38,6 +38,11 @@ def _percent(share: float) -> str:
     return f"{share:.1%}"
 
 
+def share_text(share: float) -> str:
+    """A share of busy time to two significant figures: ``9.8%``, ``0.071%``."""
+    return f"{float(f'{share * 100:.2g}'):g}%"
+
+
 def _points(delta: float) -> str:
     return f"{delta * 100:+.1f} points"
 
@@ -114,7 +119,7 @@ def _against_smaller(pick: pd.Series, smaller: pd.Series, criterion: Criterion) 
         return None
     text = (
         f"block size {_size(smaller)} pays per-block costs: the block-table walk takes "
-        f"{_percent(walk_smaller)} of busy time vs {_percent(walk_pick)}"
+        f"{share_text(walk_smaller)} of busy time vs {share_text(walk_pick)}"
     )
     hit_pick = _number(pick, "prefix_cache_hit_rate")
     hit_smaller = _number(smaller, "prefix_cache_hit_rate")
