@@ -27,7 +27,7 @@ class EventKind(enum.IntEnum):
     ALLOCATE = 3  # blocks allocated for a prefill
     APPEND_BLOCK = 4  # one block appended for a decode token
     FREE = 5  # blocks returned to the free list
-    PREEMPT = 6  # running sequence evicted (recompute mode)
+    PREEMPT = 6  # running sequence evicted (recompute mode); v1: num_tokens = its tokens
     FINISH = 7  # finished by EOS, stop token or length
     ABORT = 8  # cancelled by the caller
     REJECT = 9  # can never fit (pool, max_model_len or token budget)

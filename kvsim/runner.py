@@ -15,9 +15,11 @@ from engine import Scheduler, SchedulerConfig
 from engine.events import ChunkCallback, Columns
 from engine.fast_decode import FastDecodeScheduler
 from engine.prefix_keys import PrefixSource, prefix_from_hash_ids
+from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
 from kvsim.analysis.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
+from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
 from kvsim.config import RunConfig, SchedulingLimits, parse_step_time, scheduling_limits
 from kvsim.costmodel import (
     CostModel,
@@ -300,6 +302,10 @@ def simulate(
     consumers: list[ChunkCallback] = []
     if usage is not None:
         consumers.append(usage.consume)
+    v1 = config.resolved_scheduler() == "v1"
+    block_states = BlockStateTracker(num_blocks) if v1 else None
+    if block_states is not None:
+        consumers.append(block_states.consume)
     if writer is not None:
         consumers.append(writer.write_chunk)
 
@@ -327,12 +333,21 @@ def simulate(
     finally:
         if writer is not None:
             writer.close()
-    steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len, usage)
-    requests = requests_frame(result, steps)
+    steps = add_kv_breakdown(
+        steps_frame(result, v1=v1), result, config.allocator, max_model_len, usage,
+        v1=v1, block_states=block_states,
+    )  # fmt: skip
+    adm = prefix_cache = None
+    if v1:
+        prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
+        adm = admissions(result.recorder.columns()[0], prompt)
+        prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
+    requests = requests_frame(result, steps, adm)
     events = events_frame(result) if not streamed else None
     summary = summarize(
         result, requests, steps,
         closed_loop=config.concurrency is not None, measured=config.mode == "engine",
+        prefix_cache=prefix_cache,
     )  # fmt: skip
     marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

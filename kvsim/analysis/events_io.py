@@ -22,10 +22,13 @@ from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns
 from kvsim.errors import KvsimError
 
 EVENT_KIND_NAMES = [k.name for k in EventKind]
-# What requests_frame, summarize and the run plots read from the in-memory stream.
+# What requests_frame, summarize and the run plots read from the in-memory stream (RESUME,
+# PREFIX_HIT: a v1 run's prefix-cache metrics).
 METRIC_KINDS = (
     EventKind.ARRIVE,
     EventKind.ADMIT,
+    EventKind.RESUME,
+    EventKind.PREFIX_HIT,
     EventKind.PREEMPT,
     EventKind.FINISH,
     EventKind.ABORT,
