@@ -89,8 +89,10 @@ def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict
     )
     for name in SUMMARY_COLUMNS:
         row[name] = s[name]
+    v1 = config.resolved_scheduler() == "v1"  # classic runs have no prefix cache: empty
     for name in PREFIX_COLUMNS:
-        row[name] = s.get(name, math.nan)  # TODO(sweeps): s[name] once metrics is merged
+        value = s[name] if v1 else None
+        row[name] = math.nan if value is None else value
     row.update(block_costs(result))
     for name in DISTRIBUTIONS:
         for stat, value in s[name].items():
