@@ -133,7 +133,9 @@ def _by_max_rate(group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec) -
             f"{pick['normalized_latency_s_per_token']:.4f} s/token)"
         )
     at_best = points[points["rate"] == best_rate]
-    because = tradeoff(at_best, pick, slo_criterion(spec))
+    # tied on rate: the tie was broken by normalized latency, so it is quoted too
+    criteria = [slo_criterion(spec), *([LATENCY_CRITERION] if len(tied) > 1 else [])]
+    because = tradeoff(at_best, pick, *criteria)
     return f"{_prefix(group)}recommended block size {size}: {why}.{because}"
 
 

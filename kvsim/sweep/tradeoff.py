@@ -16,7 +16,7 @@ size at the same other options (and rate), so every figure quoted is a row of th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -65,18 +65,21 @@ def neighbours(points: pd.DataFrame, pick: pd.Series) -> tuple[pd.Series | None,
     )
 
 
-def _criterion_text(pick: pd.Series, other: pd.Series, criterion: Criterion) -> str:
-    column, words, fmt = criterion
-    a, b = _number(other, column), _number(pick, column)
+def _criterion_text(pick: pd.Series, other: pd.Series, criteria: Sequence[Criterion]) -> str:
+    compared = []
+    for column, words, fmt in criteria:
+        a, b = _number(other, column), _number(pick, column)
+        if not (math.isnan(a) or math.isnan(b)):
+            compared.append(f"{words} {fmt(a)} vs {fmt(b)}")
     flags = [
         words
         for column, words in (("saturated", "saturated"), ("slo_met", "misses the SLO"))
         if _flag(other, column) is (column == "saturated")
     ]
     flagged = f" ({', '.join(flags)})" if flags else ""
-    if math.isnan(a) or math.isnan(b):
+    if not compared:
         return flagged
-    return f"; {words} {fmt(a)} vs {fmt(b)}{flagged}"
+    return f"; {', '.join(compared)}{flagged}"
 
 
 def _flag(row: pd.Series, column: str) -> bool | None:
@@ -86,10 +89,12 @@ def _flag(row: pd.Series, column: str) -> bool | None:
     return bool(value)
 
 
-def _against_larger(pick: pd.Series, larger: pd.Series, criterion: Criterion) -> str | None:
+def _against_larger(
+    pick: pd.Series, larger: pd.Series, criteria: Sequence[Criterion]
+) -> str | None:
     hit_pick = _number(pick, "prefix_cache_hit_rate")
     hit_larger = _number(larger, "prefix_cache_hit_rate")
-    tail = _criterion_text(pick, larger, criterion)
+    tail = _criterion_text(pick, larger, criteria)
     if math.isnan(hit_pick) or math.isnan(hit_larger):
         return None
     drop = hit_pick - hit_larger
@@ -111,10 +116,12 @@ def _against_larger(pick: pd.Series, larger: pd.Series, criterion: Criterion) ->
     return text + ")" + tail
 
 
-def _against_smaller(pick: pd.Series, smaller: pd.Series, criterion: Criterion) -> str | None:
+def _against_smaller(
+    pick: pd.Series, smaller: pd.Series, criteria: Sequence[Criterion]
+) -> str | None:
     walk_pick = _number(pick, "block_walk_share")
     walk_smaller = _number(smaller, "block_walk_share")
-    tail = _criterion_text(pick, smaller, criterion)
+    tail = _criterion_text(pick, smaller, criteria)
     if math.isnan(walk_pick) or math.isnan(walk_smaller):
         return None
     text = (
@@ -132,19 +139,19 @@ def _against_smaller(pick: pd.Series, smaller: pd.Series, criterion: Criterion) 
     return text + tail
 
 
-def tradeoff(points: pd.DataFrame, pick: pd.Series, criterion: Criterion) -> str:
+def tradeoff(points: pd.DataFrame, pick: pd.Series, *criteria: Criterion) -> str:
     """Sentences comparing ``pick`` with its neighbouring block sizes in ``points`` (the same
-    other options and rate), ending with the ``criterion`` (column, words, format) the
+    other options and rate), ending with the ``criteria`` (column, words, format) the
     recommendation ranked by: ``" Block size 64 loses hits ... Block size 16 pays ..."``; ""
     when there is no neighbour or nothing measured to compare."""
     smaller, larger = neighbours(points, pick)
     parts = []
     if larger is not None:
-        text = _against_larger(pick, larger, criterion)
+        text = _against_larger(pick, larger, criteria)
         if text:
             parts.append(text)
     if smaller is not None:
-        text = _against_smaller(pick, smaller, criterion)
+        text = _against_smaller(pick, smaller, criteria)
         if text:
             parts.append(text)
     return "".join(f" {text[0].upper()}{text[1:]}." for text in parts)
@@ -154,8 +161,13 @@ def slo_criterion(spec: Any) -> Criterion:
     """The latency the SLO bounds (TTFT when given, else TPOT) at its percentile."""
     p = spec.slo_percentile
     if spec.slo_ttft_s is not None:
-        return (f"ttft_s_p{p}", f"p{p} TTFT", lambda v: f"{v:.3g} s")
-    return (f"tpot_s_p{p}", f"p{p} TPOT", lambda v: f"{v * 1000:.3g} ms")
+        return (f"ttft_s_p{p}", f"p{p} TTFT", lambda v: f"{_three_figures(v)} s")
+    return (f"tpot_s_p{p}", f"p{p} TPOT", lambda v: f"{_three_figures(v * 1000)} ms")
+
+
+def _three_figures(value: float) -> str:
+    """``7.00``, ``0.0153``, ``123``: three significant figures, trailing zeros kept."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:#.3g}"
 
 
 LATENCY_CRITERION: Criterion = (

@@ -129,7 +129,7 @@ def test_under_an_slo_the_reason_compares_at_the_sustained_rate() -> None:
     # the neighbour at 2 requests/s: its hit rate and p99 TTFT, flagged as missing the SLO
     assert re.search(
         r"Block size 64 loses hits to coarse blocks: prefix-cache hit rate 30\.0% vs 50\.0% "
-        r"\(-20\.0 points, 200,000 more prompt tokens computed\); p99 TTFT 4 s vs 1\.5 s "
+        r"\(-20\.0 points, 200,000 more prompt tokens computed\); p99 TTFT 4\.00 s vs 1\.50 s "
         r"\(misses the SLO\)\.",
         line,
     ), line
