@@ -256,7 +256,9 @@ def plot_prefix_cache(table: pd.DataFrame, layout: Layout) -> Figure:
     walk.set_ylabel("share of busy time")
     walk.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     fig = _finish(fig, axes)
-    hit.set_ylim(0, 1)
+    ok = table[table["status"] == "ok"]
+    top = pd.to_numeric(ok["prefix_cache_hit_rate"], errors="coerce").max()
+    hit.set_ylim(0, min(1.0, max(1.15 * float(top), 0.05)) if top == top else 1.0)
     return fig
 
 
@@ -283,7 +285,7 @@ def plot_hit_rate_vs_curve(
             100 * group["prefix_cache_hit_rate"].astype(float),
             "D",
             markersize=9,
-            color=f"C{(i + 2) % 10}",
+            color=f"C{(i + 1) % 10}",
             markeredgecolor="black",
             label=f"simulated{' ' + name if name else ''} (pool of kv_slots tokens)",
         )
