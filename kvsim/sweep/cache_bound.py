@@ -48,6 +48,8 @@ def bound_lines(table: pd.DataFrame, spec: SweepSpec) -> list[str]:
     if "prefix_cache_hit_rate" not in table or table["prefix_cache_hit_rate"].isna().all():
         return []
     _, trace = load_workload(spec.base)
+    if trace.hash_block_size is None:  # no prefix identity, no curve
+        return []
     try:
         bounds = hit_rate_bounds(table, trace)
     except PrefixBlocksError:
