@@ -322,6 +322,20 @@ class EventRecorder:
         event's ``num_blocks`` of them); empty unless ``keep_block_hashes``."""
         return np.array(self._block_hashes, dtype=np.int64)
 
+    @property
+    def num_block_hashes(self) -> int:
+        """Keys kept so far and not popped. A CACHE or EVICT event's keys come right after
+        it, so a chunk that ends with one is packed before its keys arrive."""
+        return len(self._block_hashes)
+
+    def pop_block_hashes(self, count: int) -> np.ndarray:
+        """The first ``count`` kept keys (``block_hashes()``), dropped from the recorder: a
+        consumer of each packed chunk takes its CACHE and EVICT blocks' keys (recorded by
+        the next chunk is packed, or the recorder flushed) so they need not stay in memory."""
+        taken = np.array(self._block_hashes[:count], dtype=np.int64)
+        del self._block_hashes[:count]
+        return taken
+
     def _pack(self) -> None:
         if self._rows:
             records = _event_records(self._rows, self._run_seq_ids)

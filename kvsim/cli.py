@@ -18,7 +18,7 @@ import typer
 from rich.text import Text
 from typer.core import TyperGroup
 
-from kvsim.commands import cache_curve, plot, run, sweep, traces
+from kvsim.commands import cache_curve, kv_events, plot, run, sweep, traces
 from kvsim.commands.console import FlagsWithoutType, err_console, print_error
 from kvsim.errors import Interrupted
 
@@ -106,6 +106,7 @@ traces.register(app)
 sweep.register(app)
 plot.register(app)
 cache_curve.register(app)
+kv_events.register(app)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -16,7 +16,7 @@ from engine.events import ChunkCallback, Columns
 from engine.fast_decode import FastDecodeScheduler
 from engine.prefix_keys import PrefixSource, prefix_from_hash_ids
 from kvsim.analysis.block_states import BlockStateTracker
-from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter
+from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
 from kvsim.analysis.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
 from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
@@ -287,7 +287,13 @@ def simulate(
         seed=config.seed,
         until=config.until,
     )
-    writer = EventsParquetWriter(events_path) if events_path is not None else None
+    v1 = config.resolved_scheduler() == "v1"
+    # A v1 run with prefix caching stores each CACHE / EVICT block's key (events.parquet's
+    # block_hash), for `kvsim export-kv-events`.
+    keyed = config.caches_prefixes() and (events_path is not None or keep_events)
+    writer = (
+        EventsParquetWriter(events_path, block_hashes=keyed) if events_path is not None else None
+    )
     # Streamed to disk or not kept: memory holds event rows without their block ids, and for
     # paging only the request-level kinds, because the KV breakdown is accounted chunk by chunk.
     streamed = writer is not None or not keep_events
@@ -302,11 +308,11 @@ def simulate(
     consumers: list[ChunkCallback] = []
     if usage is not None:
         consumers.append(usage.consume)
-    v1 = config.resolved_scheduler() == "v1"
     block_states = BlockStateTracker(num_blocks) if v1 else None
     if block_states is not None:
         consumers.append(block_states.consume)
-    if writer is not None:
+    keyed_chunks: KeyedChunks | None = None
+    if writer is not None and not keyed:
         consumers.append(writer.write_chunk)
 
     def on_chunk(cols: Columns, block_ids: np.ndarray) -> None:
@@ -323,13 +329,19 @@ def simulate(
         on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,
+        keep_block_hashes=keyed,
         # an engine-mode step takes milliseconds to seconds: report each one
         progress_every_steps=1 if config.mode == "engine" else PROGRESS_EVERY_STEPS,
     )
+    if writer is not None and keyed:
+        keyed_chunks = KeyedChunks(sim.recorder, writer.write_chunk)
+        consumers.append(keyed_chunks)
     if on_start is not None:
         on_start(len(trace.requests))
     try:
         result = sim.run(progress)
+        if keyed_chunks is not None:
+            keyed_chunks.close()
     finally:
         if writer is not None:
             writer.close()
@@ -343,7 +355,7 @@ def simulate(
         adm = admissions(result.recorder.columns()[0], prompt)
         prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
     requests = requests_frame(result, steps, adm)
-    events = events_frame(result) if not streamed else None
+    events = events_frame(result, block_hashes=keyed) if not streamed else None
     summary = summarize(
         result, requests, steps,
         closed_loop=config.concurrency is not None, measured=config.mode == "engine",

@@ -44,8 +44,12 @@ class BlockStateTracker:
     (see the module docstring). ``consume`` is an ``on_chunk`` callback; the recorder's chunks
     must arrive in order and carry every block id (``on_chunk`` always receives them)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, keep_transitions: bool = False) -> None:
+        """With ``keep_transitions`` it also keeps every moment a block became cached,
+        evictable (+1) or stopped being so (-1): ``transitions()``, for the occupancy map."""
         self.num_blocks = num_blocks
+        self.keep_transitions = keep_transitions
+        self._transitions: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._ref = np.zeros(num_blocks, dtype=np.int64)
         self._key = np.zeros(num_blocks, dtype=bool)
         self._num_cached_free = 0
@@ -70,6 +74,10 @@ class BlockStateTracker:
         for i in range(len(bounds) - 1):
             lo, hi = bounds[i], bounds[i + 1]
             if i:  # event lo is a reset: every key leaves the cache (nothing is held then)
+                if self.keep_transitions:
+                    ended = np.flatnonzero(self._key & (self._ref == 0))
+                    t = np.full(len(ended), cols["time_s"][lo])
+                    self._transitions.append((t, ended, np.full(len(ended), -1)))
                 delta[lo] = -self._num_cached_free
                 self._num_cached_free = 0
                 self._key[:] = False
@@ -134,9 +142,21 @@ class BlockStateTracker:
         key_before[first] = self._key[b[first]]
         change = ((ref_after == 0) & key_after).astype(np.int64) - ((ref_before == 0) & key_before)
         delta += np.bincount(event[order], weights=change, minlength=len(kind)).astype(np.int64)
+        if self.keep_transitions:
+            moved = change != 0
+            self._transitions.append((time_s[event[order][moved]], b[moved], change[moved]))
         self._num_cached_free += int(change.sum())
         self._ref[b[last]] = ref_after[last]
         self._key[b[last]] = key_after[last]
+
+    def transitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(time_s, block_id, change) of every block becoming cached, evictable (+1: freed
+        with its key) or ceasing to be (-1: hit, evicted or reset), in order per block."""
+        if not self._transitions:
+            empty = np.zeros(0, dtype=np.int64)
+            return np.zeros(0), empty, empty
+        parts = list(zip(*self._transitions))
+        return tuple(np.concatenate(p) for p in parts)  # type: ignore[return-value]
 
     def cached_blocks_at_steps(self, num_steps: int) -> np.ndarray:
         """Cached-evictable blocks (free, with a key) at each of the first ``num_steps`` STEP

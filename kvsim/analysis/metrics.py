@@ -34,10 +34,11 @@ STATUS_BY_END_KIND = {
 STEP_KIND_NAMES = [str(k) for k in StepKind]
 
 
-def events_frame(result: SimResult) -> pd.DataFrame:
-    """events.parquet: one row per (event, block); events without blocks have block_id -1."""
+def events_frame(result: SimResult, *, block_hashes: bool = False) -> pd.DataFrame:
+    """events.parquet: one row per (event, block); events without blocks have block_id -1.
+    ``block_hashes``: add the ``block_hash`` column (the recorder kept the keys)."""
     cols, block_ids = result.recorder.columns()
-    return exploded_frame(cols, block_ids)
+    return exploded_frame(cols, block_ids, result.recorder.block_hashes() if block_hashes else None)
 
 
 def mark_events(result: SimResult) -> pd.DataFrame:

@@ -127,6 +127,7 @@ class Simulation:
         prefix_of: Callable[[Request], PrefixSource] | None = None,
         on_events_chunk: ChunkCallback | None = None,
         keep_block_ids: bool = True,
+        keep_block_hashes: bool = False,
         keep_kinds: Iterable[EventKind] | None = None,
         progress_every_steps: int = PROGRESS_EVERY_STEPS,
     ) -> None:
@@ -136,8 +137,9 @@ class Simulation:
         ``prefix_of`` says which prompts share a prefix (prefix caching in cost mode). With
         ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file).
         The recorder keeps block ids only with ``keep_block_ids`` (else each event's first
-        one), and only the events of ``keep_kinds`` if given (what the chunk consumers have
-        already accounted for need not stay in memory). ``progress`` (of ``run``) is called
+        one), prefix-cache keys of CACHE / EVICT blocks with ``keep_block_hashes``, and only
+        the events of ``keep_kinds`` if given (what the chunk consumers have already
+        accounted for need not stay in memory). ``progress`` (of ``run``) is called
         every ``progress_every_steps`` steps and at the end."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
@@ -149,6 +151,7 @@ class Simulation:
             on_chunk=on_events_chunk,
             keep_block_ids=keep_block_ids,
             keep_kinds=keep_kinds,
+            keep_block_hashes=keep_block_hashes,
         )
         scheduler.event_sink = self.recorder
         scheduler.block_manager.event_sink = self.recorder

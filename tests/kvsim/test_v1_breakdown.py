@@ -9,7 +9,6 @@ runs' vectorised numbers must equal them.
 from __future__ import annotations
 
 import itertools
-import json
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -272,23 +271,11 @@ def test_classic_outputs_have_no_v1_fields(toy_sim: Any) -> None:
     assert "cached_slots" not in result.steps and "num_prefill_tokens" not in result.steps
 
 
-GOLDEN_TRACE = Path(__file__).parents[1] / "engine/golden/v1/traces/conversations_hash_ids.jsonl"
-
-
 @pytest.fixture(scope="module")
-def pressured_v1_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+def pressured_v1_run(conversation_trace: Path) -> RunResult:
     """A v1 run with sharing (hash_ids), preemptions and evictions: 51 conversation turns
-    (the v1 golden trace, as a kvsim trace) in a small pool."""
-    lines = GOLDEN_TRACE.read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    header = {"kvsim_trace": 1, "name": "conv", "hash_block_size": records[0]["hash_block_size"]}
-    path = tmp_path_factory.mktemp("v1") / "conv.jsonl"
-    body = [{k: v for k, v in r.items() if k != "hash_block_size"} for r in records]
-    for i, r in enumerate(body):  # kvsim wants a hash id per started block: unique ones
-        need = -(-r["prompt_tokens"] // header["hash_block_size"])
-        r["hash_ids"] = r["hash_ids"] + [10_000 * (i + 1) + k for k in range(need)]
-        r["hash_ids"] = r["hash_ids"][:need]
-    path.write_text("\n".join(json.dumps(o) for o in [header, *body]) + "\n")
+    in a 40-block pool."""
+    path = conversation_trace
     config = RunConfig(trace=str(path), model="llama-3.1-8b", gpu="h100-sxm", num_blocks=40)
     result = run(config)
     s = result.summary
