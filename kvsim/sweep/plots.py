@@ -275,10 +275,7 @@ def plot_hit_rate_vs_curve(
     title = f"Prefix-cache hit rate: simulated vs the cache curve (block size {sizes[0]})"
     fig = plot_cache_curve(curve, title=title)
     ax = fig.axes[0]
-    groups = bounds.groupby(list(series), sort=False) if series else [((), bounds)]
-    for i, (key, group) in enumerate(groups):
-        key = key if isinstance(key, tuple) else (key,)
-        name = ", ".join(f"{n}={_value(v)}" for n, v in zip(series, key))
+    for i, (name, group) in enumerate(_series(bounds, Layout("kv_slots", tuple(series)))):
         group = group.sort_values("kv_slots")
         ax.plot(
             group["kv_slots"].astype(float),
