@@ -1,8 +1,9 @@
 """Executors: how long a scheduled step takes, and which tokens it samples.
 
 The executor is the only thing that differs between cost mode and engine mode. The cost-mode
-executor predicts the step time from the roofline cost model; every count it needs is kept by
-the Scheduler and BlockManager, so it costs O(1) per decode step.
+executor prices each step with the fitted cost model (kvsim/costmodel/model.py): a classic decode
+step in O(1) from the Scheduler's and BlockManager's counters, any other step (a classic prefill,
+or a v1 step of decodes and prefill chunks) in one pass over its sequences.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from engine import Scheduler, SchedulerOutput, StepKind
-from kvsim.costmodel import CostModel, causal_pairs
+from kvsim.costmodel import BatchShape, CostModel
 
 DECODE = StepKind.DECODE  # a module constant: enum reads through the class are slow
 
@@ -24,6 +25,31 @@ class Executor(Protocol):
         ...
 
 
+def step_shape(out: SchedulerOutput, blocks_walked: int) -> BatchShape:
+    """What ``out`` computes (read before ``scheduler.update``), for the cost model.
+
+    A sequence computing one token over a non-empty cache is priced as a decode (its context:
+    the cache plus this token); any other (a classic prefill, or a v1 prefill chunk of n tokens
+    after c already computed, prefix-cache hits included) as a prefill that computes n new
+    tokens and attends to all n + c: n*c + n(n+1)/2 query-key pairs, c cached tokens read.
+    Prefix hits cost nothing to compute; they are part of c.
+    """
+    decodes = context = causal = cached_pairs = cached = 0
+    for seq, n in zip(out.seqs, out.num_new_tokens):
+        c = seq.cached_token_count
+        if n == 1 and c:
+            decodes += 1
+            context += c + 1
+        else:
+            causal += n * (n + 1) // 2
+            cached_pairs += n * c
+            cached += c
+    return BatchShape(
+        len(out.seqs), out.num_batched_tokens, decodes, context, causal, cached_pairs, cached,
+        blocks_walked,
+    )  # fmt: skip
+
+
 class CostModelExecutor:
     """Cost mode: step time from ``cost_model``; sampled tokens are placeholders (0), since
     requests run with ignore_eos and stop at their trace's output length."""
@@ -33,12 +59,13 @@ class CostModelExecutor:
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
+        self._step_time_of = cost_model.step_time_of
         self._zeros: list[int] = []
 
     def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
         """Predicted seconds of a decode step of ``num_seqs`` sequences reading
         ``context_tokens`` tokens of K/V through ``num_blocks`` block-table entries."""
-        return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_blocks)
+        return self._step_time_of(num_seqs, num_seqs, num_seqs, context_tokens, 0, 0, 0, num_blocks)
 
     def decode_step_timer(self) -> Callable[[int, int, int], float]:
         """``decode_step_time`` as one plain function (the same results), for the simulator's
@@ -46,25 +73,36 @@ class CostModelExecutor:
         return self.cost_model.decode_step_time_fn()
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
-        """Block-table entries the step's attention reads (read before ``update``)."""
-        if out.kind is DECODE:
-            return scheduler.block_manager.num_used_blocks  # every used block is a runner's
+        """Block-table entries the step's attention reads (read before ``update``): every
+        scheduled sequence's table (a shared prefix block is read by each sequence)."""
+        if out.kind is DECODE and not getattr(scheduler, "is_v1", False):
+            return scheduler.block_manager.num_used_blocks  # classic: every used block a runner's
         return sum(len(seq.block_table) for seq in out.seqs)
+
+    def step_shape(self, out: SchedulerOutput, scheduler: Scheduler) -> BatchShape:
+        """The BatchShape this executor prices ``out`` by (read before ``update``)."""
+        return step_shape(out, self.blocks_walked(out, scheduler))
 
     def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
         """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
-        n = len(out.seqs)
-        blocks = self.blocks_walked(out, scheduler)
-        if out.kind is DECODE:
-            # Every running sequence decodes: its context is its cache plus this token.
+        if out.kind is DECODE and not getattr(scheduler, "is_v1", False):
+            # Classic: every running sequence decodes; its context is its cache plus this
+            # token, so the Scheduler's counters give the sums in O(1).
+            n = len(out.seqs)
+            blocks = self.blocks_walked(out, scheduler)
             return self.decode_step_time(n, scheduler.num_cached_tokens + n, blocks)
-        pairs = 0
-        for seq, new in zip(out.seqs, out.num_new_tokens):
-            pairs += causal_pairs(new, seq.cached_token_count)
-        return self.cost_model.step_time_of(n, out.num_batched_tokens, pairs, 0, blocks)
+        return self._step_time_of(*_counts(self.step_shape(out, scheduler)))
 
     def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
         n = len(out.seqs)
         if len(self._zeros) < n:
             self._zeros = [0] * n
         return self.step_time(out, scheduler), self._zeros[:n]
+
+
+def _counts(shape: BatchShape) -> tuple[int, int, int, int, int, int, int, int]:
+    return (
+        shape.num_seqs, shape.num_batched_tokens, shape.num_decode_seqs,
+        shape.decode_context_tokens, shape.prefill_causal_pairs, shape.prefill_cached_pairs,
+        shape.prefill_cached_tokens, shape.num_blocks_walked,
+    )  # fmt: skip
