@@ -261,49 +261,46 @@ class CostModel:
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """The terms of :meth:`step_time`, by name (seconds); they sum to step_time (up to
-        rounding): overhead, linear, lm_head, allreduce, decode_attention, prefill_attention,
-        block_walk (the walk relative to the profiled block size)."""
+        rounding): overhead, linear, lm_head, allreduce, decode_attention, prefill_attention
+        (both without the block-table walk their profile contains) and block_walk (every
+        entry walked, at ``block_walk_s``)."""
         co, m = self.coefficients, self.model
         tokens, seqs, decodes = shape.num_batched_tokens, shape.num_seqs, shape.num_decode_seqs
-        layers = float(self._layers)
-        linear = layers * float(linear_layer_time(co, self.gpu, self.shapes, float(tokens)))
         self._grow_seqs_to(max(seqs, decodes))
-        prefill_tokens = tokens - decodes
-        walk_in_profile = self._walk_in_profile * (
-            shape.prefill_cached_tokens + prefill_tokens if prefill_tokens else 0
-        ) + (self._walk_in_profile * shape.decode_context_tokens if decodes else 0.0)
-        decode = (
-            self._decode_fixed[decodes]
-            + (self._decode_slope[decodes] + self._walk_in_profile) * shape.decode_context_tokens
-            if decodes
-            else 0.0
-        )
-        prefill = (
-            self._pre_fixed
-            + self._pre_causal * shape.prefill_causal_pairs
-            + self._pre_cached * shape.prefill_cached_pairs
-            + self._pre_context * shape.prefill_cached_tokens
-            + self._pre_token * prefill_tokens
-            if prefill_tokens
-            else 0.0
-        )
-        lm_head = (
-            float(
-                lm_head_time(
-                    co, self.gpu, m.hidden_size, m.vocab_size // self.tp, seqs, m.dtype_bytes
-                )
+        linear = 0.0
+        if tokens:
+            layer = linear_layer_time(co, self.gpu, self.shapes, float(tokens))
+            linear = float(self._layers * layer)
+        lm_head = 0.0
+        if seqs:
+            vocab = m.vocab_size // self.tp
+            lm = lm_head_time(co, self.gpu, m.hidden_size, vocab, seqs, m.dtype_bytes)
+            lm_head = float(lm)
+        decode = 0.0
+        if decodes:
+            decode = (
+                self._decode_fixed[decodes]
+                + self._decode_slope[decodes] * shape.decode_context_tokens
             )
-            if seqs
-            else 0.0
-        )
+        prefill = 0.0
+        prefill_tokens = tokens - decodes
+        if prefill_tokens:
+            prefill = (
+                self._pre_fixed
+                + self._pre_causal * shape.prefill_causal_pairs
+                + self._pre_cached * shape.prefill_cached_pairs
+                + self._pre_context * shape.prefill_cached_tokens
+                + self._pre_token * prefill_tokens
+                - self._walk_in_profile * (shape.prefill_cached_tokens + prefill_tokens)
+            )
         return {
             "overhead": self._overhead + co.overheads.seq_overhead_s * seqs,
-            "linear": linear if tokens else 0.0,
+            "linear": linear,
             "lm_head": lm_head,
-            "allreduce": (self._token_at(tokens) - linear) if tokens else 0.0,
+            "allreduce": self._token_at(tokens) - linear if tokens else 0.0,
             "decode_attention": decode,
             "prefill_attention": prefill,
-            "block_walk": self._walk * shape.num_blocks_walked - walk_in_profile,
+            "block_walk": self._walk * shape.num_blocks_walked,
         }
 
     def describe(self) -> dict[str, object]:

@@ -161,8 +161,10 @@ def test_external_fragmentation_counts_holes_too_small_for_the_waiting_head() ->
 def test_contiguous_cost_charges_one_block_table_entry_per_sequence() -> None:
     cm = CostModel(resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"))
     ex = ContiguousCostExecutor(cm)
-    assert ex.decode_step_time(10, 5000, 99_999) == cm.step_time_of(10, 10, 0, 5000, 10)
-    assert ex.decode_step_timer()(10, 5000, 99_999) == cm.step_time_of(10, 10, 0, 5000, 10)
+    assert ex.decode_step_time(10, 5000, 99_999) == cm.step_time_of(10, 10, 10, 5000, 0, 0, 0, 10)
+    assert ex.decode_step_timer()(10, 5000, 99_999) == cm.step_time_of(
+        10, 10, 10, 5000, 0, 0, 0, 10
+    )
 
 
 def test_a_contiguous_run_is_charged_per_sequence_through_execute() -> None:
@@ -182,7 +184,7 @@ def test_a_contiguous_run_is_charged_per_sequence_through_execute() -> None:
     out = sched.schedule()  # decode of 3 sequences holding 3 x 256 reserved slots
     dt, tokens = ex.execute(out, sched)
     assert tokens == [0, 0, 0]
-    assert dt == cm.step_time_of(3, 3, 0, sched.num_cached_tokens + 3, 3)
+    assert dt == cm.step_time_of(3, 3, 3, sched.num_cached_tokens + 3, 0, 0, 0, 3)
 
 
 def test_config_rejects_unknown_allocators_and_contiguous_engine_mode() -> None:
