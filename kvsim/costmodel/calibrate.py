@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
+from typing import Any
+
+import pandas as pd
 
 from kvsim.costmodel.coefficients import (
+    MAX_EFFICIENCY,
+    AllReduceCoefficients,
     Overheads,
     Provenance,
     StepCoefficients,
@@ -22,12 +27,15 @@ from kvsim.costmodel.coefficients import (
 from kvsim.costmodel.fit import (
     FitError,
     fit_allreduce,
+    fit_block_walk,
     fit_decode_attention,
     fit_linear,
     fit_prefill_attention,
 )
 from kvsim.costmodel.gpuspec import GPUSpec, resolve_gpu
 from kvsim.costmodel.profiles import ProfileSet
+from kvsim.costmodel.specio import positive_float, positive_int
+from kvsim.costmodel.step_profiles import fit_overheads
 
 # Streaming multiprocessors per GPU preset (NVIDIA datasheets / whitepapers): A100 108,
 # H100 SXM5 132, H200 SXM 132 (same GH100), L4 58 (AD104).
@@ -54,55 +62,71 @@ def fit_gpu(
     num_sms: int | None = None,
     base: StepCoefficients | None = None,
     max_tokens: int = 4096,
-    max_efficiency: float = 1.0,
+    max_efficiency: float | None = None,
+    source: str | None = None,
 ) -> StepCoefficients:
     """Fit every part ``profiles`` has rows for (device-prefixed files); the rest from ``base``.
 
-    device: profile file prefix (default PROFILE_DEVICE[gpu.name]); system: all-reduce system
-    (default NETWORK_SYSTEM[gpu.name], else the only single-node system of the device).
+    device: profile file prefix (default PROFILE_DEVICE[gpu.name], else the folder's only
+    device); system: all-reduce system (default NETWORK_SYSTEM[gpu.name], else the only
+    single-node system of the device); num_sms and max_efficiency (the cap on fitted
+    efficiencies: 1 for GPUs, whose peaks are datasheet figures) default to the folder's
+    profile.json, then to the datasheet / base / 1; source names the folder in the provenance
+    (default: the folder as given). Parts without profiles and without ``base``: attention and
+    overheads are errors, all-reduce is left absent (tp must then be 1).
     """
-    device = device or PROFILE_DEVICE.get(gpu.name)
+    meta = profiles.meta
+    device = device or PROFILE_DEVICE.get(gpu.name) or meta.get("device")
+    if device is None and len(profiles.devices) == 1:
+        device = profiles.devices[0]
     if device is None:
-        raise FitError(f"gpu {gpu.name!r}: which profile files are its? pass device= (file prefix)")
+        devices = ", ".join(profiles.devices) or "none"
+        raise FitError(
+            f"gpu {gpu.name!r}: which profile files are its? pass --device PREFIX "
+            f"(devices in {profiles.root or 'the folder'}: {devices})"
+        )
     mine = profiles.for_device(device)
-    sms = num_sms or (base.num_sms if base else None) or DATASHEET_NUM_SMS.get(gpu.name)
+    sms = num_sms or meta_int(meta, "num_sms") or (base.num_sms if base else None)
+    sms = sms or DATASHEET_NUM_SMS.get(gpu.name)
     if sms is None:
-        raise FitError(f"gpu {gpu.name!r}: num_sms unknown (not a preset); pass num_sms=")
+        raise FitError(f"gpu {gpu.name!r}: num_sms unknown (not a preset); pass --num-sms")
+    cap = max_efficiency or meta_float(meta, "max_efficiency") or 1.0
+    where = f"{source or profiles.root or 'profiles'}, device {device!r}"
     provenance: dict[str, Provenance] = dict(base.provenance) if base else {}
 
     def fitted(files: list[str], note: str = "") -> Provenance:
-        return Provenance(
-            kind="fitted",
-            source=f"profiles of device {device!r}",
-            profiles=tuple(sorted(set(files))),
-            note=note,
-        )
+        profiles = tuple(sorted(set(files)))
+        return Provenance(kind="fitted", source=where, profiles=profiles, note=note)
 
     def need(part: str) -> StepCoefficients:
         if base is None:
             raise FitError(
                 f"profiles: no {part} profiles for device {device!r} "
-                "and no base coefficients to take them from"
+                "and no base coefficients to take them from (--base FILE)"
             )
         return base
 
     if len(mine.compute):
-        linear = fit_linear(mine.compute, gpu, max_tokens=max_tokens, max_efficiency=max_efficiency)
+        linear = fit_linear(mine.compute, gpu, max_tokens=max_tokens, max_efficiency=cap)
         provenance["linear"] = fitted(
             list(mine.compute["source"]), f"rows with num_tokens <= {max_tokens}"
         )
     else:
         linear = dict(need("compute").linear)
-    if mine.attention["is_prefill"].any() and (~mine.attention["is_prefill"]).any():
-        decode = fit_decode_attention(mine.attention, gpu, sms, max_efficiency)
-        prefill = fit_prefill_attention(mine.attention, gpu, max_efficiency)
-        block_sizes = sorted(set(mine.attention["block_size"]))
-        if len(block_sizes) != 1:
-            raise FitError(
-                f"attention profiles of {device!r}: one block size expected, got {block_sizes}"
-            )
-        block_size = int(block_sizes[0])
-        provenance["attention"] = fitted(list(mine.attention["source"]))
+    overheads = base.overheads if base else PRIOR_OVERHEADS
+    attention = mine.attention
+    if attention["is_prefill"].any() and (~attention["is_prefill"]).any():
+        block_size = reference_block_size(attention)
+        at_reference = attention[attention["block_size"] == block_size]
+        decode = fit_decode_attention(at_reference, gpu, sms, cap)
+        prefill = fit_prefill_attention(at_reference, gpu, cap)
+        note = f"block size {block_size}"
+        if attention["block_size"].nunique() > 1:
+            walk = fit_block_walk(attention, gpu, sms, decode, block_size)
+            overheads = dataclasses.replace(overheads, block_walk_s=walk)
+            sizes = sorted(int(b) for b in set(attention["block_size"]))
+            note = f"block size {block_size}; block_walk_s fitted on block sizes {sizes}"
+        provenance["attention"] = fitted(list(attention["source"]), note)
     else:
         decode, prefill = need("attention").decode_attention, need("attention").prefill_attention
         block_size = need("attention").profiled_block_size
@@ -114,10 +138,15 @@ def fit_gpu(
             list(mine.allreduce.loc[mine.allreduce["system"] == system, "source"]),
             "single-node rows",
         )
+    elif base is not None:
+        allreduce = base.allreduce
     else:
-        allreduce = need("all-reduce").allreduce
+        allreduce = AllReduceCoefficients(system="none", by_num_workers={})
+        provenance["allreduce"] = Provenance(
+            kind="absent", source=where, note="no all-reduce profile: tp must be 1"
+        )
     provenance.setdefault("overheads", PRIOR_PROVENANCE)
-    return StepCoefficients(
+    co = StepCoefficients(
         gpu=gpu.name,
         num_sms=sms,
         provenance=provenance,
@@ -126,8 +155,47 @@ def fit_gpu(
         prefill_attention=prefill,
         profiled_block_size=block_size,
         allreduce=allreduce,
-        overheads=base.overheads if base else PRIOR_OVERHEADS,
+        overheads=overheads,
     )
+    if len(mine.steps):
+        co = dataclasses.replace(
+            co,
+            overheads=fit_overheads(mine.steps, gpu, co),
+            provenance={
+                **co.provenance,
+                "overheads": fitted(
+                    list(mine.steps["source"]),
+                    "whole steps' time beyond the kernel terms; block_walk_s from attention",
+                ),
+            },
+        )
+    return co
+
+
+def reference_block_size(attention: pd.DataFrame) -> int:
+    """The block size the attention terms are fitted at: the one with the most rows (16, the
+    default, on a tie)."""
+    counts = attention.groupby("block_size").size()
+    best = counts.max()
+    sizes = sorted(int(b) for b in counts[counts == best].index)
+    return 16 if 16 in sizes else sizes[0]
+
+
+def meta_int(meta: dict[str, Any], key: str) -> int | None:
+    """``meta[key]`` as a positive int, None when absent (ProfileError when bad)."""
+    if key not in meta:
+        return None
+    return positive_int(meta[key], key, "profile.json")
+
+
+def meta_float(meta: dict[str, Any], key: str) -> float | None:
+    """``meta[key]`` as a positive number up to MAX_EFFICIENCY, None when absent."""
+    if key not in meta:
+        return None
+    value = positive_float(meta[key], key, "profile.json")
+    if value > MAX_EFFICIENCY:
+        raise FitError(f"profile.json: {key} must be at most {MAX_EFFICIENCY:g}, got {value!r}")
+    return value
 
 
 def scale_to_gpu(
@@ -162,6 +230,7 @@ def scale_to_gpu(
 # The shipped presets: fitted where profiles exist, scaled from the fitted GPU of the same (or the
 # closest) architecture otherwise.
 FITTED_PRESETS = ("a100-80gb", "h100-sxm")
+SHIPPED_PROFILES = "profiles/vidur (Vidur, MIT License)"  # the repository folder fitted
 SCALED_PRESETS = MappingProxyType({"a100-40gb": "a100-80gb", "h200": "h100-sxm", "l4": "a100-80gb"})
 
 
@@ -169,9 +238,11 @@ def fit_presets(profiles: ProfileSet) -> dict[str, StepCoefficients]:
     """The coefficient files kvsim ships, from the Vidur profiles: a100-80gb fitted; h100-sxm
     fitted (its attention scaled from a100-80gb: no H100 attention profile exists);
     a100-40gb, h200 and l4 scaled from datasheets. Each as a file holds it (rounded)."""
-    a100 = as_shipped(fit_gpu(profiles, resolve_gpu("a100-80gb")))
+    a100 = as_shipped(fit_gpu(profiles, resolve_gpu("a100-80gb"), source=SHIPPED_PROFILES))
     h100_base = scale_to_gpu(a100, resolve_gpu("h100-sxm"))
-    h100 = as_shipped(fit_gpu(profiles, resolve_gpu("h100-sxm"), base=h100_base))
+    h100 = as_shipped(
+        fit_gpu(profiles, resolve_gpu("h100-sxm"), base=h100_base, source=SHIPPED_PROFILES)
+    )
     fitted = {"a100-80gb": a100, "h100-sxm": h100}
     for name, source in SCALED_PRESETS.items():
         fitted[name] = as_shipped(scale_to_gpu(fitted[source], resolve_gpu(name)))

@@ -28,7 +28,7 @@ from kvsim.costmodel.coefficients import (
 )
 from kvsim.costmodel.gpuspec import GPUSpec
 from kvsim.costmodel.layer_shapes import ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, LayerShapes
-from kvsim.costmodel.profiles import ProfileError
+from kvsim.costmodel.profile_checks import ProfileError
 from kvsim.costmodel.terms import (
     allreduce_time,
     decode_attention_time,
@@ -209,6 +209,29 @@ def fit_decode_attention(
     return _decode_from(x)
 
 
+def fit_block_walk(
+    attention: pd.DataFrame,
+    gpu: GPUSpec,
+    num_sms: int,
+    decode: DecodeAttentionCoefficients,
+    reference_block_size: int,
+) -> float:
+    """``block_walk_s`` from decode rows at several block sizes: each row's time is the decode
+    term (fitted at ``reference_block_size``) plus block_walk_s per (block-table entry, KV
+    head) beyond those of the reference size. NNLS on relative error."""
+    rows = attention[~attention["is_prefill"]]
+    _require_rows(rows, 8, "decode attention at several block sizes")
+    shapes = LayerShapes.from_frame(rows)
+    batch, context = rows["batch_size"].to_numpy(), rows["context_len"].to_numpy()
+    block_size = rows["block_size"].to_numpy()
+    kernels = decode_attention_time(decode, gpu, num_sms, shapes, batch, context)
+    walked = batch * -(-context // block_size) - batch * context / reference_block_size
+    feature = np.asarray(shapes.kv_heads_per_gpu * walked, dtype=np.float64)
+    measured = rows["time_s"].to_numpy(dtype=np.float64)
+    (walk,) = _relative_nnls(feature[:, None], measured, kernels)
+    return float(walk)
+
+
 def prefill_features(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     """Per prefill row (one sequence): the sums prefill_attention_time takes."""
     n = rows["chunk_size"].to_numpy(dtype=float)
@@ -321,6 +344,7 @@ __all__ = [
     "GEMM_OPS",
     "FitError",
     "fit_allreduce",
+    "fit_block_walk",
     "fit_decode_attention",
     "fit_elementwise",
     "fit_gemm",

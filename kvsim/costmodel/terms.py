@@ -20,6 +20,7 @@ from kvsim.costmodel.coefficients import (
 )
 from kvsim.costmodel.gpuspec import GPUSpec
 from kvsim.costmodel.layer_shapes import ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, LayerShapes
+from kvsim.costmodel.specio import CostModelError
 
 Array = np.ndarray | float | int
 
@@ -159,6 +160,11 @@ def allreduce_time(
     if num_workers <= 1:
         return np.zeros_like(size)
     fitted = sorted(co.by_num_workers)
+    if not fitted:
+        raise CostModelError(
+            f"the {gpu.name} coefficients have no all-reduce fit (system {co.system!r}): "
+            f"tp must be 1, got {num_workers}"
+        )
     below = [w for w in fitted if w <= num_workers]
     protocols = co.by_num_workers[below[-1] if below else fitted[0]]
     ring = 2.0 * (num_workers - 1) / num_workers * size / gpu.interconnect_bandwidth
