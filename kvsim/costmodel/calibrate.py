@@ -76,15 +76,7 @@ def fit_gpu(
     overheads are errors, all-reduce is left absent (tp must then be 1).
     """
     meta = profiles.meta
-    device = device or PROFILE_DEVICE.get(gpu.name) or meta.get("device")
-    if device is None and len(profiles.devices) == 1:
-        device = profiles.devices[0]
-    if device is None:
-        devices = ", ".join(profiles.devices) or "none"
-        raise FitError(
-            f"gpu {gpu.name!r}: which profile files are its? pass --device PREFIX "
-            f"(devices in {profiles.root or 'the folder'}: {devices})"
-        )
+    device = profile_device(profiles, gpu, device)
     mine = profiles.for_device(device)
     sms = num_sms or meta_int(meta, "num_sms") or (base.num_sms if base else None)
     sms = sms or DATASHEET_NUM_SMS.get(gpu.name)
@@ -172,6 +164,51 @@ def fit_gpu(
     return co
 
 
+def profile_device(profiles: ProfileSet, gpu: GPUSpec, device: str | None = None) -> str:
+    """The file prefix of ``gpu``'s profiles: ``device`` if given, else the preset's
+    (PROFILE_DEVICE), profile.json's, or the folder's only device."""
+    found = device or PROFILE_DEVICE.get(gpu.name) or profiles.meta.get("device")
+    if found is None and len(profiles.devices) == 1:
+        found = profiles.devices[0]
+    if not isinstance(found, str):
+        devices = ", ".join(profiles.devices) or "none"
+        raise FitError(
+            f"gpu {gpu.name!r}: which profile files are its? pass --device PREFIX "
+            f"(devices in {profiles.root or 'the folder'}: {devices})"
+        )
+    return found
+
+
+# An engine profile is refused for fitting (unless the user insists) when its repeated timings
+# spread more than this (median over points of (p90 - p10) / median), or the machine's measured
+# peaks drifted more than this between the start and the end of the run.
+NOISY_SPREAD = 0.10
+NOISY_DRIFT = 0.05
+
+
+def noise_refusal(meta: dict[str, Any]) -> str | None:
+    """Why an engine profile's timings are too noisy to fit (profile.json's ``noise``), or
+    None (and None for profiles without that record, such as Vidur's)."""
+    noise = meta.get("noise")
+    if not isinstance(noise, dict):
+        return None
+    spread = noise.get("spread_median")
+    if isinstance(spread, float | int) and spread > NOISY_SPREAD:
+        return (
+            f"repeated timings spread {spread:.0%} (median over points of (p90 - p10) / "
+            f"median; limit {NOISY_SPREAD:.0%})"
+        )
+    drift = noise.get("peak_drift")
+    if isinstance(drift, dict):
+        for key, value in drift.items():
+            if isinstance(value, float | int) and abs(value) > NOISY_DRIFT:
+                return (
+                    f"the measured {key} drifted {value:+.0%} during the run "
+                    f"(limit {NOISY_DRIFT:.0%})"
+                )
+    return None
+
+
 def reference_block_size(attention: pd.DataFrame) -> int:
     """The block size the attention terms are fitted at: the one with the most rows (16, the
     default, on a tie)."""
@@ -230,7 +267,7 @@ def scale_to_gpu(
 # The shipped presets: fitted where profiles exist, scaled from the fitted GPU of the same (or the
 # closest) architecture otherwise.
 FITTED_PRESETS = ("a100-80gb", "h100-sxm")
-SHIPPED_PROFILES = "profiles/vidur (Vidur, MIT License)"  # the repository folder fitted
+SHIPPED_PROFILES = "profiles/vidur"  # the repository folder fitted (Vidur, MIT: its README)
 SCALED_PRESETS = MappingProxyType({"a100-40gb": "a100-80gb", "h200": "h100-sxm", "l4": "a100-80gb"})
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsim.atomic import atomic_write_bytes
 from kvsim.costmodel.layer_shapes import ELEMENTWISE_OPS
 from kvsim.costmodel.specio import (
     CostModelError,
@@ -212,8 +213,9 @@ def to_json_dict(co: StepCoefficients) -> dict[str, Any]:
 
 
 def save_coefficients(co: StepCoefficients, path: str | Path) -> None:
-    """Write ``co`` as JSON (the caller makes the write atomic and never overwrites by surprise)."""
-    Path(path).write_text(json.dumps(to_json_dict(co), indent=2) + "\n", encoding="utf-8")
+    """Write ``co`` as JSON, all or nothing (the caller decides whether a file may be replaced)."""
+    text = json.dumps(to_json_dict(co), indent=2) + "\n"
+    atomic_write_bytes(Path(path), text.encode("utf-8"))
 
 
 def _object(value: object, where: str) -> Mapping[str, object]:

@@ -22,6 +22,7 @@ from kvsim.costmodel.fit import prefill_features, single_node_rows
 from kvsim.costmodel.gpuspec import GPUSpec
 from kvsim.costmodel.layer_shapes import LINEAR_OPS, LayerShapes
 from kvsim.costmodel.profiles import ProfileSet
+from kvsim.costmodel.step_profiles import predicted_step_times
 from kvsim.costmodel.terms import (
     allreduce_time,
     decode_attention_time,
@@ -31,13 +32,18 @@ from kvsim.costmodel.terms import (
 
 FIT_MAX_TOKENS = 4096  # compute rows the fits use; longer rows check extrapolation
 TOKEN_RANGES = (1, 16, 64, 256, 1024, 4096, 32768)  # bins (1-16], ... ; first bin includes 1
-SIZE_RANGES = (0, 1 << 16, 1 << 20, 1 << 24, 1 << 40)  # all-reduce bytes: <64 KiB, <1 MiB, ...
+SIZE_RANGES = (0, 1 << 16, 1 << 20, 1 << 24, 1 << 40)  # all-reduce message bytes
+SIZE_LABELS = ("<= 64 KiB", "64 KiB-1 MiB", "1-16 MiB", "> 16 MiB")
 
 
-def _range_labels(values: pd.Series, edges: Sequence[int], unit: str) -> pd.Series:
-    labels = [
-        f"{lo + 1 if i else 1}-{hi}{unit}" for i, (lo, hi) in enumerate(itertools.pairwise(edges))
-    ]
+def _range_labels(
+    values: pd.Series, edges: Sequence[int], unit: str, labels: Sequence[str] | None = None
+) -> pd.Series:
+    if labels is None:
+        labels = [
+            f"{lo + 1 if i else 1}-{hi}{unit}"
+            for i, (lo, hi) in enumerate(itertools.pairwise(edges))
+        ]
     return pd.cut(values, bins=[0, *edges[1:]], labels=labels)  # ordered: tables sort by range
 
 
@@ -103,8 +109,21 @@ def allreduce_errors(co: StepCoefficients, gpu: GPUSpec, allreduce: pd.DataFrame
         sizes = out.loc[index, "size_bytes"].to_numpy()
         out.loc[index, "predicted_s"] = allreduce_time(co.allreduce, gpu, int(workers), sizes)
     out["error"] = out["predicted_s"] / out["measured_s"] - 1.0
-    out["size_range"] = _range_labels(out["size_bytes"], SIZE_RANGES, " B")
+    out["size_range"] = _range_labels(out["size_bytes"], SIZE_RANGES, "", SIZE_LABELS)
     return out
+
+
+def step_errors(co: StepCoefficients, gpu: GPUSpec, steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured whole step, priced by a CostModel with ``co``; ``kind`` is decode,
+    prefill or mixed."""
+    out = steps[["device", "model", "block_size", "num_seqs", "num_batched_tokens"]].copy()
+    decodes, seqs = steps["num_decode_seqs"], steps["num_seqs"]
+    out["kind"] = np.where(decodes == seqs, "decode", np.where(decodes == 0, "prefill", "mixed"))
+    out["measured_s"] = steps["time_s"].to_numpy()
+    out["predicted_s"] = predicted_step_times(steps, gpu, co)
+    out["error"] = out["predicted_s"] / out["measured_s"] - 1.0
+    out["token_range"] = _range_labels(out["num_batched_tokens"], TOKEN_RANGES, "")
+    return out.reset_index(drop=True)
 
 
 def mape_table(errors: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
@@ -163,6 +182,7 @@ class Validation:
     attention: pd.DataFrame
     allreduce: pd.DataFrame
     linear_lomo: pd.DataFrame
+    steps: pd.DataFrame
 
 
 def validate_gpu(
@@ -196,20 +216,21 @@ def validate_gpu(
         linear_lomo=leave_one_model_out(profiles, gpu, device, co).assign(**tag)
         if lomo and inside["model"].nunique() >= 2
         else empty,
+        steps=step_errors(co, gpu, mine.steps).assign(**tag) if len(mine.steps) else empty,
     )
 
 
 def error_tables(validations: Sequence[Validation]) -> list[tuple[str, pd.DataFrame]]:
     """The published tables, titled: non-attention (the nine-operator sum) overall and by GPU,
     model, TP and token range, per operator; left-out models; extrapolation; attention by
-    kind; all-reduce by system, worker count and size."""
+    kind; all-reduce by system, worker count and size; whole steps by kind and tokens."""
 
     def stack(name: str) -> pd.DataFrame:
         frames = [getattr(v, name) for v in validations if len(getattr(v, name))]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     linear, lomo, beyond = stack("linear"), stack("linear_lomo"), stack("extrapolation")
-    attention, allreduce = stack("attention"), stack("allreduce")
+    attention, allreduce, steps = stack("attention"), stack("allreduce"), stack("steps")
     tables: list[tuple[str, pd.DataFrame]] = []
     if len(linear):
         total = linear[linear["op"] == "sum"]
@@ -241,6 +262,11 @@ def error_tables(validations: Sequence[Validation]) -> list[tuple[str, pd.DataFr
             ("All-reduce (single node)", mape_table(allreduce, ["gpu", "system"])),
             ("All-reduce by worker count", mape_table(allreduce, ["gpu", "num_workers"])),
             ("All-reduce by message size", mape_table(allreduce, ["gpu", "size_range"])),
+        ]
+    if len(steps):
+        tables += [
+            ("Whole steps by kind", mape_table(steps, ["gpu", "model", "kind"])),
+            ("Whole steps by batched tokens", mape_table(steps, ["gpu", "token_range"])),
         ]
     return tables
 

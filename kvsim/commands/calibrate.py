@@ -1,0 +1,201 @@
+"""Calibration commands: ``kvsim calibrate`` (fit a GPU's step-time coefficients from measured
+profiles) and ``kvsim validate`` (their error against profiles: tables, CSVs, plots).
+
+Each hands off to kvsim.costmodel.calibrate / validate and kvsim.outputs.validation; only this
+edge turns their exceptions into one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from kvsim.commands.console import console, fail
+from kvsim.errors import KvsimError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.costmodel import GPUSpec, StepCoefficients
+    from kvsim.costmodel.profiles import ProfileSet
+
+Opt = typer.Option
+ProfileDir = Annotated[
+    Path, typer.Argument(help="Profile folder: compute/, attention/, network/, steps/ CSVs.")
+]
+DeviceOption = Annotated[
+    str | None,
+    Opt(help="Profile file prefix of the GPU's rows (default: a100 / h100 / cpu, or the only one)"),
+]
+ForceOption = Annotated[bool, Opt("--force", help="Replace an existing output")]
+
+
+def _refuse_existing(path: Path, force: bool) -> None:
+    if path.exists() and not force and (path.is_file() or any(path.iterdir())):
+        fail(f"{path}: already exists; pass --force to replace it")
+
+
+def print_tables(tables: list[tuple[str, pd.DataFrame]]) -> None:
+    """Each table as a rich table under its title (MAPE and worst error in %)."""
+    for title, frame in tables:
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for column in frame.columns:
+            table.add_column(
+                str(column), justify="left" if frame[column].dtype == object else "right"
+            )
+        for row in frame.itertuples(index=False):
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
+
+
+def calibrate_command(
+    profile_dir: ProfileDir,
+    gpu: Annotated[
+        str | None, Opt(help="GPU preset or GPU spec JSON file (engine profiles: device.json)")
+    ] = None,
+    out: Annotated[Path | None, Opt("-o", "--out", help="Coefficient file to write")] = None,
+    device: DeviceOption = None,
+    system: Annotated[
+        str | None, Opt(help="All-reduce system of network/ (default: the GPU's DGX system)")
+    ] = None,
+    base: Annotated[
+        Path | None,
+        Opt(
+            help="Coefficients for the parts the folder has no profiles of (default: the preset's)"
+        ),
+    ] = None,
+    num_sms: Annotated[
+        int | None, Opt(help="Streaming multiprocessors (default: datasheet or profile.json)")
+    ] = None,
+    presets: Annotated[
+        bool,
+        Opt("--presets", help="Refit all shipped presets from the Vidur profiles into folder -o"),
+    ] = False,
+    noisy_ok: Annotated[
+        bool, Opt("--noisy-ok", help="Fit an engine profile its measurement called noisy")
+    ] = False,
+    force: ForceOption = False,
+) -> None:
+    """Fit one GPU's step-time coefficients from measured profiles (relative least squares);
+    print the fit error per operator and per model."""
+    from kvsim.costmodel import (
+        load_coefficients,
+        preset_coefficient_names,
+        resolve_gpu,
+        save_coefficients,
+    )
+    from kvsim.costmodel import preset_coefficients as preset
+    from kvsim.costmodel.calibrate import fit_gpu, fit_presets, noise_refusal
+    from kvsim.costmodel.profiles import load_profile_dir
+    from kvsim.costmodel.validate import error_tables, validate_gpu
+
+    if out is None:
+        fail("pass -o FILE (or -o FOLDER with --presets)")
+    try:
+        profiles = load_profile_dir(profile_dir)
+        if presets:
+            fitted = fit_presets(profiles)
+            _refuse_existing(out, force)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, co in fitted.items():
+                save_coefficients(co, out / f"{name}.json")
+                console.print(f"wrote [bold]{out / f'{name}.json'}[/bold]")
+            return
+        if gpu is None:
+            fail("pass --gpu GPU (a preset, or a GPU spec file: an engine profile's device.json)")
+        spec = resolve_gpu(gpu)
+        reason = noise_refusal(profiles.meta)
+        if reason and not noisy_ok:
+            fail(
+                f"{profile_dir}: {reason}; measure again on a quieter machine (or pass --noisy-ok)"
+            )
+        _refuse_existing(out, force)
+        start = (
+            load_coefficients(base)
+            if base
+            else (preset(spec.name) if spec.name in preset_coefficient_names() else None)
+        )
+        co = fit_gpu(profiles, spec, device=device, system=system, num_sms=num_sms, base=start)
+        validation = validate_gpu(profiles, spec, co, _device_of(profiles, spec, device))
+        save_coefficients(co, out)
+    except (KvsimError, OSError) as exc:
+        fail(str(exc))
+    wanted = (
+        "Per operator",
+        "by GPU and model",
+        "Attention",
+        "All-reduce by worker",
+        "Whole steps",
+    )
+    print_tables([t for t in error_tables([validation]) if any(w in t[0] for w in wanted)])
+    console.print(f"wrote [bold]{out}[/bold]")
+
+
+def _device_of(profiles: ProfileSet, gpu: GPUSpec, device: str | None) -> str:
+    from kvsim.costmodel.calibrate import profile_device
+
+    return profile_device(profiles, gpu, device)
+
+
+def validate_command(
+    profile_dir: ProfileDir,
+    gpu: Annotated[
+        list[str] | None, Opt(help="GPU preset or spec file; repeat for several")
+    ] = None,
+    coefficients: Annotated[
+        Path | None, Opt(help="Coefficient file (default: the GPU preset's shipped file)")
+    ] = None,
+    device: DeviceOption = None,
+    lomo: Annotated[
+        bool, Opt("--lomo", help="Also leave each model out of the fit and validate on it")
+    ] = False,
+    out: Annotated[
+        Path | None, Opt("-o", "--out", show_default="validation/<gpus>-<timestamp>")
+    ] = None,
+    force: ForceOption = False,
+) -> None:
+    """Predicted against measured for every profile row: MAPE and worst error per operator,
+    model, TP and token range; errors_*.csv, tables.md and plots in the output folder."""
+    from kvsim.costmodel import load_coefficients, preset_coefficients, resolve_gpu
+    from kvsim.costmodel.profiles import load_profile_dir
+    from kvsim.costmodel.validate import error_tables, validate_gpu
+    from kvsim.outputs.validation import write_validation
+
+    names = gpu or []
+    if not names:
+        fail("pass --gpu GPU (repeat it for several)")
+    if coefficients is not None and len(names) != 1:
+        fail("--coefficients is one GPU's file: pass exactly one --gpu with it")
+    out_dir = (
+        out
+        or Path("validation")
+        / f"{'+'.join(Path(n).stem for n in names)}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    )
+    _refuse_existing(out_dir, force)
+    try:
+        profiles = load_profile_dir(profile_dir)
+        validations: list[Any] = []
+        for name in names:
+            spec = resolve_gpu(name)
+            co: StepCoefficients = (
+                load_coefficients(coefficients) if coefficients else preset_coefficients(spec.name)
+            )
+            where = _device_of(profiles, spec, device)
+            validations.append(validate_gpu(profiles, spec, co, where, lomo=lomo))
+        tables = error_tables(validations)
+        if not tables:
+            fail(f"{profile_dir}: no rows of device(s) {', '.join(v.device for v in validations)}")
+        files = write_validation(validations, tables, out_dir)
+    except (KvsimError, OSError) as exc:
+        fail(str(exc))
+    print_tables(tables)
+    console.print(f"wrote [bold]{out_dir}[/bold] ({len(files)} files)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)
+    app.command("validate")(validate_command)
