@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from kvsim.commands import calibrate, plot, run, sweep, traces
+from kvsim.commands import calibrate, plot, profile, run, sweep, traces
 
 app = typer.Typer(
     name="kvsim",
@@ -23,6 +23,7 @@ traces.register(app)
 sweep.register(app)
 plot.register(app)
 calibrate.register(app)
+profile.register(app)
 
 
 def main() -> None:

@@ -32,6 +32,11 @@ ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
 SweepUse = Literal["option", "axis", "param", "no"]
 
 
+# Engine mode's pinned torch threads: one thread is the setting other processes disturb least,
+# and whose timings (and calibrated "cpu" coefficients) mean the same on any machine.
+DEFAULT_THREADS = 1
+
+
 class ConfigError(KvsimError):
     """An option or a config.json field is invalid."""
 
@@ -189,10 +194,11 @@ class RunConfig:
         "float32", help="Engine mode: float32, bfloat16 or float16", unit="DTYPE", sweep="no"
     )
     threads: int | None = option(
-        None,
-        help="Engine mode: torch CPU threads",
+        DEFAULT_THREADS,
+        help="Engine mode: torch CPU threads, pinned (one inter-op thread); 1 keeps measured step "
+        "times stable on a shared machine, raise it on a dedicated one; null in config.json: "
+        "torch's choice (one per core: runs can differ 300x under contention)",
         unit="THREADS",
-        default_text="torch's choice",
         sweep="param",
     )
 

@@ -80,8 +80,9 @@ def calibrate_command(
     ] = False,
     force: ForceOption = False,
 ) -> None:
-    """Fit one GPU's step-time coefficients from measured profiles (relative least squares);
-    print the fit error per operator and per model."""
+    """Fit one GPU's step-time coefficients from measured profiles.
+
+    Least squares on relative error; prints the fit error per operator and per model."""
     from kvsim.costmodel import (
         load_coefficients,
         preset_coefficient_names,
@@ -158,8 +159,10 @@ def validate_command(
     ] = None,
     force: ForceOption = False,
 ) -> None:
-    """Predicted against measured for every profile row: MAPE and worst error per operator,
-    model, TP and token range; errors_*.csv, tables.md and plots in the output folder."""
+    """Check step-time coefficients against measured profiles.
+
+    MAPE and worst error per operator, model, TP and token range (--lomo: each model left out
+    of the fit); errors_*.csv, tables.md and predicted-vs-measured plots in the folder."""
     from kvsim.costmodel import load_coefficients, preset_coefficients, resolve_gpu
     from kvsim.costmodel.profiles import load_profile_dir
     from kvsim.costmodel.validate import error_tables, validate_gpu

@@ -49,7 +49,13 @@ PROFILE_DEVICE = MappingProxyType({"a100-80gb": "a100", "h100-sxm": "h100", "cpu
 NETWORK_SYSTEM = MappingProxyType({"a100-80gb": "a100_dgx", "h100-sxm": "h100_dgx"})
 
 # CPU-side step costs: not in any kernel profile; kvsim's previous defaults (docs/costmodel.md).
-PRIOR_OVERHEADS = Overheads(step_overhead_s=3e-3, seq_overhead_s=20e-6, block_walk_s=1.5e-9)
+PRIOR_OVERHEADS = Overheads(
+    step_overhead_s=3e-3,
+    seq_overhead_s=20e-6,
+    prefill_seq_overhead_s=0.0,
+    token_overhead_s=0.0,
+    block_walk_s=1.5e-9,
+)
 PRIOR_PROVENANCE = Provenance(kind="prior", source="docs/costmodel.md (public figures, not fitted)")
 
 

@@ -121,10 +121,15 @@ class AllReduceCoefficients:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Overheads:
-    """CPU-side costs of a step; priors from public figures, not fitted from kernel profiles."""
+    """Costs of a step outside the profiled kernels: priors from public figures for the GPUs
+    (kernel profiles cannot see them), fitted from whole steps for an engine profile."""
 
     step_overhead_s: float = _time("scheduling, input preparation, launches, sampling per step")
     seq_overhead_s: float = _time("per scheduled sequence per step")
+    prefill_seq_overhead_s: float = _time(
+        "per prefill sequence (or chunk) per step, beyond seq_overhead_s"
+    )
+    token_overhead_s: float = _time("per batched token per step, beyond the profiled operators")
     block_walk_s: float = _time(
         "per block-table entry, layer and KV head, relative to the profiled block size"
     )

@@ -128,6 +128,7 @@ class CostModel:
         self._pre_cached = layers * flops_per_pair / p.cached_flops_efficiency
         self._pre_context = layers * kv_bytes / (gpu.hbm_bandwidth * p.context_bw_efficiency)
         self._pre_token = layers * p.per_token_s
+        self._pre_seq = co.overheads.prefill_seq_overhead_s
         # Block walk relative to the profiled block size: the profile's own walk is in the fit.
         self._walk = float(co.overheads.block_walk_s * layers * s.kv_heads_per_gpu)
         self._walk_in_profile = self._walk / co.profiled_block_size
@@ -150,7 +151,8 @@ class CostModel:
         allreduce = (
             2.0 * layers * allreduce_time(self.coefficients.allreduce, self.gpu, self.tp, message)
         )
-        values = np.where(tokens > 0, linear + allreduce, 0.0)
+        per_token = self.coefficients.overheads.token_overhead_s * tokens
+        values = np.where(tokens > 0, linear + allreduce + per_token, 0.0)
         self._token_table.extend(values.tolist())
 
     def _grow_seqs(self, size: int) -> None:
@@ -235,6 +237,7 @@ class CostModel:
         if prefill_tokens:
             t = t + (
                 self._pre_fixed
+                + self._pre_seq * (num_seqs - num_decode_seqs)
                 + self._pre_causal * prefill_causal_pairs
                 + self._pre_cached * prefill_cached_pairs
                 + self._pre_context * prefill_cached_tokens
@@ -287,17 +290,19 @@ class CostModel:
         if prefill_tokens:
             prefill = (
                 self._pre_fixed
+                + self._pre_seq * (seqs - decodes)
                 + self._pre_causal * shape.prefill_causal_pairs
                 + self._pre_cached * shape.prefill_cached_pairs
                 + self._pre_context * shape.prefill_cached_tokens
                 + self._pre_token * prefill_tokens
                 - self._walk_in_profile * (shape.prefill_cached_tokens + prefill_tokens)
             )
+        per_token = co.overheads.token_overhead_s * tokens
         return {
-            "overhead": self._overhead + co.overheads.seq_overhead_s * seqs,
+            "overhead": self._overhead + co.overheads.seq_overhead_s * seqs + per_token,
             "linear": linear,
             "lm_head": lm_head,
-            "allreduce": self._token_at(tokens) - linear if tokens else 0.0,
+            "allreduce": self._token_at(tokens) - linear - per_token if tokens else 0.0,
             "decode_attention": decode,
             "prefill_attention": prefill,
             "block_walk": self._walk * shape.num_blocks_walked,

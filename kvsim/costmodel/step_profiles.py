@@ -5,8 +5,8 @@ fit of the CPU-side step costs from them.
 the block size, the step's BatchShape counts and ``time_stats.step.median`` (milliseconds; the
 other statistics are ignored). Kernel profiles cannot see what a step spends outside its
 kernels (input preparation, the embedding, sampling, per-sequence Python work); the residual
-of whole steps over the kernel terms is what ``step_overhead_s`` and ``seq_overhead_s`` are
-fitted to (non-negative least squares on relative error).
+of whole steps over the kernel terms is what the Overheads (per step, per sequence, per
+prefill sequence, per token) are fitted to (non-negative least squares on relative error).
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def read_steps_profile(path: Path) -> pd.DataFrame:
     frame = read_csv(path)
     keys = (*MODEL_COLUMNS, "use_gated_mlp", "block_size", *SHAPE_COUNTS, STEP_TIME_COLUMN)
     require_columns(frame, keys, path)
-    out = pd.DataFrame({"source": path.name, "device": match["device"], "model": match["model"]})
+    out = pd.DataFrame(
+        {"source": path.name, "device": match["device"], "model": match["model"]}, index=frame.index
+    )
     for column, name in MODEL_COLUMNS.items():
         values = int_column(frame, column, path, minimum=1)
         out[name] = constant_column(frame, column, path, values)
@@ -126,17 +128,31 @@ def predicted_step_times(steps: pd.DataFrame, gpu: GPUSpec, co: StepCoefficients
 
 
 def fit_overheads(steps: pd.DataFrame, gpu: GPUSpec, co: StepCoefficients) -> Overheads:
-    """step_overhead_s and seq_overhead_s from whole steps: measured = kernels + a + b * seqs,
-    by NNLS on relative error (``co``'s block_walk_s kept)."""
-    if len(steps) < 4:
-        raise ProfileError(f"profiles: {len(steps)} whole-step rows, at least 4 are needed")
+    """The costs outside the kernels from whole steps: measured = kernels + a + b * seqs +
+    c * prefill seqs + d * tokens, by NNLS on relative error (``co``'s block_walk_s kept)."""
+    if len(steps) < 8:
+        raise ProfileError(f"profiles: {len(steps)} whole-step rows, at least 8 are needed")
     zero = dataclasses.replace(
-        co, overheads=dataclasses.replace(co.overheads, step_overhead_s=0.0, seq_overhead_s=0.0)
+        co,
+        overheads=dataclasses.replace(
+            co.overheads,
+            step_overhead_s=0.0,
+            seq_overhead_s=0.0,
+            prefill_seq_overhead_s=0.0,
+            token_overhead_s=0.0,
+        ),
     )
     kernels = predicted_step_times(steps, gpu, zero)
     measured = steps["time_s"].to_numpy(dtype=np.float64)
-    features = np.column_stack([np.ones(len(steps)), steps["num_seqs"].to_numpy(dtype=float)])
+    seqs = steps["num_seqs"].to_numpy(dtype=float)
+    prefill_seqs = seqs - steps["num_decode_seqs"].to_numpy(dtype=float)
+    tokens = steps["num_batched_tokens"].to_numpy(dtype=float)
+    features = np.column_stack([np.ones(len(steps)), seqs, prefill_seqs, tokens])
     x, _ = nnls(features / measured[:, None], 1.0 - kernels / measured)
     return dataclasses.replace(
-        co.overheads, step_overhead_s=float(x[0]), seq_overhead_s=float(x[1])
+        co.overheads,
+        step_overhead_s=float(x[0]),
+        seq_overhead_s=float(x[1]),
+        prefill_seq_overhead_s=float(x[2]),
+        token_overhead_s=float(x[3]),
     )

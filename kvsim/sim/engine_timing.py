@@ -1,0 +1,77 @@
+"""Timing discipline for measuring the torch engine on a CPU that other work may share.
+
+- Threads are pinned: ``torch.set_num_threads(threads)`` and one inter-op thread. Left to
+  itself torch starts one thread per core, and a thread that loses its core to another process
+  stalls every barrier: identical runs then differ by up to 300x.
+- Every point is timed ``repeats`` times after warm-up calls; its median is what is fitted.
+- How noisy the machine was is measured and reported: the spread of each point's repeats,
+  (p90 - p10) / median, the drift of the machine's measured peaks between the start and the
+  end of a run, and the load average (os.getloadavg) before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from kvsim.config import DEFAULT_THREADS
+
+__all__ = ["DEFAULT_THREADS", "load_average", "measure_peaks", "pin_threads", "spread", "stats"]
+
+
+def pin_threads(threads: int) -> None:
+    """Fix torch's intra-op threads, and its inter-op threads to one (stable timings)."""
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # settable once per process, before parallel work
+        torch.set_num_interop_threads(1)
+
+
+def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> np.ndarray:
+    """Wall times of ``repeats`` calls of ``fn`` (ms), after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    out = np.empty(repeats)
+    for i in range(repeats):
+        start = time.perf_counter_ns()
+        fn()
+        out[i] = (time.perf_counter_ns() - start) * 1e-6
+    return out
+
+
+def stats(prefix: str, samples: np.ndarray) -> dict[str, float]:
+    """Vidur's statistic columns ``time_stats.<prefix>.{min,max,mean,median,std}`` (ms)."""
+    return {
+        f"time_stats.{prefix}.min": float(samples.min()),
+        f"time_stats.{prefix}.max": float(samples.max()),
+        f"time_stats.{prefix}.mean": float(samples.mean()),
+        f"time_stats.{prefix}.median": float(np.median(samples)),
+        f"time_stats.{prefix}.std": float(samples.std()),
+    }
+
+
+def spread(samples: np.ndarray) -> float:
+    """(p90 - p10) / median of one point's repeats: 0 on a quiet machine."""
+    p10, p50, p90 = np.percentile(samples, [10, 50, 90])
+    return float((p90 - p10) / p50)
+
+
+def measure_peaks(dtype: torch.dtype, repeats: int = 7) -> dict[str, float]:
+    """This CPU's achievable peaks with the pinned threads: matmul FLOP/s and copy bytes/s."""
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    flops = 2 * n**3 / (float(np.median(time_ms(lambda: a @ b, repeats))) * 1e-3)
+    src = torch.randn((64 << 20) // (torch.finfo(dtype).bits // 8), dtype=dtype)  # 64 MiB
+    dst = torch.empty_like(src)
+    moved = 2 * src.numel() * src.element_size()  # read and write
+    seconds = float(np.median(time_ms(lambda: dst.copy_(src), repeats))) * 1e-3
+    return {"peak_flops": flops, "hbm_bandwidth": moved / seconds}
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (runnable processes), rounded."""
+    return [round(v, 2) for v in os.getloadavg()]
