@@ -14,8 +14,8 @@ What is timed is the engine's own code:
 - ``profile.json``: threads, repeats, grid, and how noisy the machine was (engine_timing).
 
 Timing discipline (kvsim.sim.engine_timing): threads pinned, warm-up then ``repeats`` timed
-calls per point, medians fitted, grid points in a seeded random order so drift over the run
-does not bend a curve.
+calls per point in interleaved rounds (each visits every point in a fresh seeded order), medians
+fitted, so a slow spell of the machine lands on all points alike.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -42,10 +43,19 @@ from engine.models.llama import LlamaDecoderLayer
 from kvsim.atomic import atomic_dir
 from kvsim.costmodel.layer_shapes import LINEAR_OPS
 from kvsim.costmodel.profiles import PROFILE_META_FORMAT
-from kvsim.sim.engine_timing import load_average, measure_peaks, pin_threads, spread, stats, time_ms
+from kvsim.sim.engine_timing import (
+    interleaved,
+    load_average,
+    measure_peaks,
+    pin_threads,
+    spread,
+    stats,
+    time_ms,
+)
 from kvsim.sim.executor import step_shape
 
 DEVICE = "cpu"  # the profile's device prefix, and the GPU spec's name in device.json
+ROUNDS = 3  # operator and attention points: their repeats split over this many rounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,19 +142,23 @@ def profile_linear(
     torch.manual_seed(seed)
     layer = LlamaDecoderLayer(config).to(dtype).eval()
     rotary = RotaryEmbedding(config.rope, config.head_dim)
-    columns = _model_columns(config, dtype)
-    rows, spreads = [], []
+    calls = {n: _linear_calls(layer, rotary, n, dtype) for n in tokens}
+    per_round = -(-repeats // ROUNDS)
     with torch.inference_mode():
-        for index in np.random.default_rng(seed).permutation(len(tokens)):
-            n = tokens[index]
-            calls = _linear_calls(layer, rotary, n, dtype)
-            row: dict[str, Any] = {**columns, "num_tokens": n, "num_tensor_parallel_workers": 1}
-            for op in LINEAR_OPS:
-                samples = time_ms(calls[op], repeats)
-                spreads.append(spread(samples))
-                row.update(stats(op, samples))
-            rows.append(row)
-    return pd.DataFrame(rows).sort_values("num_tokens"), spreads
+        samples = interleaved(
+            [(n, op) for n in tokens for op in LINEAR_OPS],
+            lambda point: time_ms(calls[point[0]][point[1]], per_round, warmup=2),
+            ROUNDS,
+            seed,
+        )
+    columns = _model_columns(config, dtype)
+    rows = []
+    for n in tokens:
+        row: dict[str, Any] = {**columns, "num_tokens": n, "num_tensor_parallel_workers": 1}
+        for op in LINEAR_OPS:
+            row.update(stats(op, samples[n, op]))
+        rows.append(row)
+    return pd.DataFrame(rows), [spread(v) for v in samples.values()]
 
 
 def _attention_points(grid: EngineProfileGrid) -> list[tuple[bool, int, int, int, int]]:
@@ -163,50 +177,57 @@ def _attention_points(grid: EngineProfileGrid) -> list[tuple[bool, int, int, int
     return points
 
 
+def _attention_call(
+    config: ModelConfig, point: tuple[bool, int, int, int, int], dtype: torch.dtype
+) -> Callable[[], object]:
+    """paged_attention of one layer at ``point`` (is_prefill, batch, chunk, context, block)."""
+    hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    is_prefill, batch, chunk, context, block_size = point
+    new = chunk if is_prefill else 1
+    total = context + new if is_prefill else context
+    per_seq = -(-total // block_size)
+    key_cache = torch.randn(batch * per_seq + 1, block_size, hkv, d, dtype=dtype)
+    value_cache = torch.randn_like(key_cache)
+    tables = [list(range(1 + s * per_seq, 1 + (s + 1) * per_seq)) for s in range(batch)]
+    slots = [
+        tables[s][(total - new + i) // block_size] * block_size + (total - new + i) % block_size
+        for s in range(batch)
+        for i in range(new)
+    ]
+    meta = build_attention_metadata(
+        query_lens=[new] * batch, context_lens=[total] * batch, block_tables=tables,
+        slot_mapping=slots, block_size=block_size, dtype=dtype,
+    )  # fmt: skip
+    q = torch.randn(batch * new, hq, d, dtype=dtype)
+    k = torch.randn(batch * new, hkv, d, dtype=dtype)
+    return partial(paged_attention, q, k, torch.randn_like(k), key_cache, value_cache, meta)
+
+
 def profile_attention(
     model: str, grid: EngineProfileGrid, repeats: int, dtype: torch.dtype, seed: int = 0
 ) -> tuple[pd.DataFrame, list[float]]:
     """paged_attention of one layer at every point of ``grid`` (Vidur's attention.csv, ms)."""
     config = _config(model)
-    hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    points = _attention_points(grid)
-    rows, spreads = [], []
-    rng = np.random.default_rng(seed)
+    per_round = -(-repeats // ROUNDS)
+
+    def sample(point: tuple[bool, int, int, int, int]) -> np.ndarray:
+        return time_ms(_attention_call(config, point, dtype), per_round, warmup=2)
+
     with torch.inference_mode():
-        for index in rng.permutation(len(points)):
-            is_prefill, batch, chunk, context, block_size = points[index]
-            new = chunk if is_prefill else 1
-            total = context + new if is_prefill else context
-            per_seq = -(-total // block_size)
-            key_cache = torch.randn(batch * per_seq + 1, block_size, hkv, d, dtype=dtype)
-            value_cache = torch.randn_like(key_cache)
-            tables = [list(range(1 + s * per_seq, 1 + (s + 1) * per_seq)) for s in range(batch)]
-            slots = [
-                tables[s][(total - new + i) // block_size] * block_size
-                + (total - new + i) % block_size
-                for s in range(batch)
-                for i in range(new)
-            ]
-            meta = build_attention_metadata(
-                query_lens=[new] * batch, context_lens=[total] * batch, block_tables=tables,
-                slot_mapping=slots, block_size=block_size, dtype=dtype,
-            )  # fmt: skip
-            q = torch.randn(batch * new, hq, d, dtype=dtype)
-            k = torch.randn(batch * new, hkv, d, dtype=dtype)
-            v = torch.randn_like(k)
-            call = partial(paged_attention, q, k, v, key_cache, value_cache, meta)
-            samples = time_ms(call, repeats)
-            spreads.append(spread(samples))
-            measured, other = ("attn_prefill", "attn_decode")[:: 1 if is_prefill else -1]
-            rows.append({
-                **stats(measured, samples),
-                **dict.fromkeys(stats(other, samples)),  # the other kind's columns, empty
-                "n_embd": config.hidden_size, "n_q_head": hq, "n_kv_head": hkv, "head_dim": d,
-                "dtype_bytes": torch.finfo(dtype).bits // 8, "block_size": block_size,
-                "num_tensor_parallel_workers": 1, "batch_size": batch,
-                "prefill_chunk_size": chunk, "kv_cache_size": context, "is_prefill": is_prefill,
-            })  # fmt: skip
-    return pd.DataFrame(rows), spreads
+        samples = interleaved(_attention_points(grid), sample, ROUNDS, seed)
+    rows = []
+    for (is_prefill, batch, chunk, context, block_size), values in samples.items():
+        measured, other = ("attn_prefill", "attn_decode")[:: 1 if is_prefill else -1]
+        rows.append({
+            **stats(measured, values),
+            **dict.fromkeys(stats(other, values)),  # the other kind's columns, empty
+            "n_embd": config.hidden_size, "n_q_head": config.num_attention_heads,
+            "n_kv_head": config.num_key_value_heads, "head_dim": config.head_dim,
+            "dtype_bytes": torch.finfo(dtype).bits // 8, "block_size": block_size,
+            "num_tensor_parallel_workers": 1, "batch_size": batch,
+            "prefill_chunk_size": chunk, "kv_cache_size": context, "is_prefill": is_prefill,
+        })  # fmt: skip
+    return pd.DataFrame(rows), [spread(v) for v in samples.values()]
 
 
 def _scenario_steps(
@@ -243,26 +264,34 @@ def _scenario_steps(
 def profile_steps(
     model: str, grid: EngineProfileGrid, repeats: int, dtype: torch.dtype, seed: int = 0
 ) -> tuple[pd.DataFrame, list[float]]:
-    """Whole steps of every (batch, prompt) scenario, each run ``repeats`` times (after one
-    warm-up run); one row per step with its BatchShape counts and the median time (ms)."""
+    """Whole steps of every (batch, prompt) scenario, each run ``repeats`` times in interleaved
+    rounds (after one warm-up run each); one row per step with its BatchShape counts and the
+    median time (ms)."""
     config = _config(model)
     block_size = grid.block_sizes[0]
     dtype_name = str(dtype).removeprefix("torch.")
     scenarios = [(n, p) for n in grid.step_batches for p in grid.step_prompts]
-    rows, spreads = [], []
-    for index in np.random.default_rng(seed).permutation(len(scenarios)):
-        n, p = scenarios[index]
-        run = partial(_scenario_steps, model, n, p, grid.step_decodes, block_size, dtype_name, seed)
-        run()  # warm-up: allocator, first-call costs
-        runs = [run() for _ in range(repeats)]
-        if any([c for c, _ in r] != [c for c, _ in runs[0]] for r in runs):
+    shapes: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+
+    def sample(scenario: tuple[int, int]) -> np.ndarray:
+        n, p = scenario
+        steps = _scenario_steps(model, n, p, grid.step_decodes, block_size, dtype_name, seed)
+        counts = [c for c, _ in steps]
+        if shapes.setdefault(scenario, counts) != counts:
             raise RuntimeError(f"scenario {n} x {p}: runs scheduled different steps")
-        for i, (counts, _) in enumerate(runs[0]):
-            samples = np.array([r[i][1] for r in runs]) * 1e3
-            spreads.append(spread(samples))
+        return np.array([seconds for _, seconds in steps])
+
+    for scenario in scenarios:
+        sample(scenario)  # warm-up: allocator, first-call costs
+    runs = interleaved(scenarios, sample, repeats, seed)  # one run per scenario per round
+    rows, spreads = [], []
+    for scenario in scenarios:
+        per_step = runs[scenario].reshape(repeats, -1) * 1e3  # rounds x steps, ms
+        for i, counts in enumerate(shapes[scenario]):
+            spreads.append(spread(per_step[:, i]))
             rows.append({
                 **_model_columns(config, dtype), "block_size": block_size,
-                **dict(zip(_SHAPE_FIELDS, counts)), **stats("step", samples),
+                **dict(zip(_SHAPE_FIELDS, counts)), **stats("step", per_step[:, i]),
             })  # fmt: skip
     return pd.DataFrame(rows), spreads
 

@@ -3,7 +3,9 @@
 - Threads are pinned: ``torch.set_num_threads(threads)`` and one inter-op thread. Left to
   itself torch starts one thread per core, and a thread that loses its core to another process
   stalls every barrier: identical runs then differ by up to 300x.
-- Every point is timed ``repeats`` times after warm-up calls; its median is what is fitted.
+- Every point is timed ``repeats`` times after warm-up calls, in rounds: each round visits
+  every point once, in a fresh seeded order, so a slow spell of the machine lands on all points
+  alike instead of on a few; a point's median over all its calls is what is fitted.
 - How noisy the machine was is measured and reported: the spread of each point's repeats,
   (p90 - p10) / median, the drift of the machine's measured peaks between the start and the
   end of a run, and the load average (os.getloadavg) before and after.
@@ -14,14 +16,25 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from kvsim.config import DEFAULT_THREADS
 
-__all__ = ["DEFAULT_THREADS", "load_average", "measure_peaks", "pin_threads", "spread", "stats"]
+K = TypeVar("K")
+
+__all__ = [
+    "DEFAULT_THREADS",
+    "interleaved",
+    "load_average",
+    "measure_peaks",
+    "pin_threads",
+    "spread",
+    "stats",
+]
 
 
 def pin_threads(threads: int) -> None:
@@ -41,6 +54,19 @@ def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> np.ndarr
         fn()
         out[i] = (time.perf_counter_ns() - start) * 1e-6
     return out
+
+
+def interleaved(
+    points: Sequence[K], sample: Callable[[K], np.ndarray], rounds: int, seed: int
+) -> dict[K, np.ndarray]:
+    """``sample(point)`` for every point in each of ``rounds`` rounds (each in a fresh seeded
+    random order), the samples of a point concatenated."""
+    rng = np.random.default_rng(seed)
+    found: dict[K, list[np.ndarray]] = {point: [] for point in points}
+    for _ in range(rounds):
+        for index in rng.permutation(len(points)):
+            found[points[index]].append(sample(points[index]))
+    return {point: np.concatenate(parts) for point, parts in found.items()}
 
 
 def stats(prefix: str, samples: np.ndarray) -> dict[str, float]:
