@@ -1,12 +1,11 @@
 """Copy Vidur's profiles into the repository, keeping only what the fitter reads.
 
-``python profiles/ship_vidur.py SRC profiles/vidur`` (SRC: a copy of Vidur's ``data/profiling``
-layout: compute/, attention/, network/ and its LICENSE): for every CSV of SRC (compute/, attention/, network/),
-writes the key columns and the ``.median`` columns the fitter reads, rows in the source's order,
-times rounded to 1e-6 ms, plus LICENSE (MIT, Microsoft)
-and a README saying where the files come from. The result loads with profiles.load_profile_dir
-exactly like the source: the same rows and values to the timer's resolution, so the fitted
-coefficients are the same.
+``python profiles/ship_vidur.py SRC profiles/vidur``, SRC a copy of Vidur's profiling data
+(compute/, attention/, network/ and its LICENSE): for every CSV, writes the key columns and the
+``.median`` columns the fitter reads, rows in the source's order, times rounded to 1e-6 ms, plus
+LICENSE (MIT, Microsoft) and a README saying where the files come from. The result loads like
+the source: the same rows and values to the timer's resolution, so the fitted coefficients are
+the same.
 """
 
 from __future__ import annotations
