@@ -266,6 +266,11 @@ def _dataclass_from(cls: type, value: object, where: str) -> Any:
 
 def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> StepCoefficients:
     """Validate a parsed coefficient file; every error names ``source`` and the key path."""
+    if "format" not in data:
+        raise CostModelError(
+            f"{source}: not a {FORMAT} file (no 'format' key); fit one with kvsim calibrate "
+            "(earlier kvsim's per-field override files are no longer read)"
+        )
     top = ("format", "version", "units", "gpu", "num_sms", "provenance", *_PARTS)
     check_keys(data, allowed=top, required=top, source=source)
     if data["format"] != FORMAT or data["version"] != VERSION:

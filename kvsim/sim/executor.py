@@ -34,6 +34,13 @@ def step_shape(out: SchedulerOutput, blocks_walked: int) -> BatchShape:
     tokens and attends to all n + c: n*c + n(n+1)/2 query-key pairs, c cached tokens read.
     Prefix hits cost nothing to compute; they are part of c.
     """
+    return BatchShape(*_counts(out, blocks_walked))
+
+
+def _counts(
+    out: SchedulerOutput, blocks_walked: int
+) -> tuple[int, int, int, int, int, int, int, int]:
+    """step_shape's eight counts, in BatchShape's field order (no dataclass built)."""
     decodes = context = causal = cached_pairs = cached = 0
     for seq, n in zip(out.seqs, out.num_new_tokens):
         c = seq.cached_token_count
@@ -44,7 +51,7 @@ def step_shape(out: SchedulerOutput, blocks_walked: int) -> BatchShape:
             causal += n * (n + 1) // 2
             cached_pairs += n * c
             cached += c
-    return BatchShape(
+    return (
         len(out.seqs), out.num_batched_tokens, decodes, context, causal, cached_pairs, cached,
         blocks_walked,
     )  # fmt: skip
@@ -91,18 +98,10 @@ class CostModelExecutor:
             n = len(out.seqs)
             blocks = self.blocks_walked(out, scheduler)
             return self.decode_step_time(n, scheduler.num_cached_tokens + n, blocks)
-        return self._step_time_of(*_counts(self.step_shape(out, scheduler)))
+        return self._step_time_of(*_counts(out, self.blocks_walked(out, scheduler)))
 
     def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
         n = len(out.seqs)
         if len(self._zeros) < n:
             self._zeros = [0] * n
         return self.step_time(out, scheduler), self._zeros[:n]
-
-
-def _counts(shape: BatchShape) -> tuple[int, int, int, int, int, int, int, int]:
-    return (
-        shape.num_seqs, shape.num_batched_tokens, shape.num_decode_seqs,
-        shape.decode_context_tokens, shape.prefill_causal_pairs, shape.prefill_cached_pairs,
-        shape.prefill_cached_tokens, shape.num_blocks_walked,
-    )  # fmt: skip

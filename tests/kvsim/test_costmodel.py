@@ -242,6 +242,13 @@ def test_coefficient_files_are_strict(tmp_path: Path, edit: Any, message: str) -
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
 
 
+def test_an_old_override_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"step_overhead_s": 0.01, "mfu_efficiency": 1}), encoding="utf-8")
+    with pytest.raises(CostModelError, match="no 'format' key.*kvsim calibrate"):
+        load_coefficients(path)
+
+
 def test_a_gpu_without_shipped_coefficients_needs_a_file() -> None:
     custom = GPUSpec(
         name="my-gpu",
