@@ -245,7 +245,7 @@ def test_coefficient_files_are_strict(tmp_path: Path, edit: Any, message: str) -
 def test_an_old_override_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"step_overhead_s": 0.01, "mfu_efficiency": 1}), encoding="utf-8")
-    with pytest.raises(CostModelError, match="no 'format' key.*kvsim calibrate"):
+    with pytest.raises(CostModelError, match=r"no 'format' key.*kvsim calibrate"):
         load_coefficients(path)
 
 
