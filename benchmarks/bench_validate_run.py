@@ -11,7 +11,8 @@ Prints the machine's load average before and after each part, the profile's nois
 medians over the repeats of: step-time MAPE, and the relative error of throughput, TTFT and
 TPOT. Acceptance: step-time MAPE <= 10%, throughput within 5%.
 
-    python benchmarks/bench_validate_run.py [--profile DIR] [--repeats 3] [--out DIR]
+    python benchmarks/bench_validate_run.py [--profile DIR] [--repeats 3] [--timer wall|thread]
+                                            [--out DIR]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="an engine profile folder to reuse")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--timer", choices=("wall", "thread"), default="wall")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", type=Path, help="keep the profile, coefficients and folders")
     args = parser.parse_args()
@@ -75,7 +77,9 @@ def main() -> None:
     if profile is None:
         profile = work / "profile"
         print(f"load average before profiling: {load()}")
-        record = write_engine_profile(profile, "tiny-llama", threads=args.threads, repeats=15)
+        record = write_engine_profile(
+            profile, "tiny-llama", threads=args.threads, repeats=15, timer=args.timer
+        )
         print(f"profiled in {record['seconds']} s; noise {json.dumps(record['noise'])}")
         print(f"load average after profiling: {load()}")
     profiles = load_profile_dir(profile)
@@ -92,7 +96,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for i in range(args.repeats):
         print(f"validate-run {i + 1}/{args.repeats}, load average before: {load()}")
-        comparison = compare_runs(config, gpu, co)
+        comparison = compare_runs(config, gpu, co, args.timer)
         write_comparison(comparison, work / f"validate_run_{i}")
         results.append(comparison.summary)
         s = comparison.summary

@@ -26,6 +26,20 @@ Opt = typer.Option
 USER_ERRORS = (KvsimError, WorkloadError, EngineError)
 
 
+class Timer(str, enum.Enum):
+    """How engine steps are timed (kvsim.sim.engine_timing.CLOCKS)."""
+
+    WALL = "wall"
+    THREAD = "thread"
+
+
+TimerOption = Annotated[
+    Timer,
+    Opt(help="wall: the wall clock (engine mode's); thread: the thread's CPU time, which other "
+        "processes taking the core cannot inflate (needs --threads 1)"),
+]  # fmt: skip
+
+
 class ProfileMode(str, enum.Enum):
     """What ``kvsim profile`` measures (GPU kernel profiles come from Vidur: profiles/vidur)."""
 
@@ -44,6 +58,7 @@ def profile_command(
     repeats: Annotated[int, Opt(min=3, help="Timed calls per point (medians fitted)")] = 15,
     dtype: Annotated[str, Opt(help="float32 or bfloat16")] = "float32",
     quick: Annotated[bool, Opt("--quick", help="A small grid (a smoke test, not a fit)")] = False,
+    timer: TimerOption = Timer.WALL,
     force: Annotated[bool, Opt("--force", help="Replace an existing folder")] = False,
 ) -> None:
     """Time the torch engine into a profile folder that kvsim calibrate fits.
@@ -63,8 +78,9 @@ def profile_command(
     with console.status(f"profiling {model} on {mode.value} ({threads} thread(s))"):
         try:
             record = write_engine_profile(
-                out_dir, model, threads=threads, repeats=repeats, dtype=dtype, grid=grid
-            )
+                out_dir, model, threads=threads, repeats=repeats, dtype=dtype, grid=grid,
+                timer=timer.value,
+            )  # fmt: skip
         except (*USER_ERRORS, ValueError, OSError) as exc:
             fail(f"profile {model!r}: {exc}")
     noise = record["noise"]
@@ -97,6 +113,7 @@ def validate_run_command(
         Path | None, Opt(help="Output folder", show_default="validation/run-<trace>-<timestamp>")
     ] = None,
     force: Annotated[bool, Opt("--force", help="Replace an existing folder")] = False,
+    timer: TimerOption = Timer.WALL,
 ) -> None:
     """Compare engine mode with calibrated cost mode on one trace.
 
@@ -122,9 +139,9 @@ def validate_run_command(
         coefficients = load_coefficients(config.coefficients)
         gpu = resolve_gpu(config.gpu)
         with console.status("engine mode, then cost mode"):
-            comparison = compare_runs(config, gpu, coefficients)
+            comparison = compare_runs(config, gpu, coefficients, timer.value)
         write_comparison(comparison, out_dir)
-    except (*USER_ERRORS, OSError) as exc:
+    except (*USER_ERRORS, ValueError, OSError) as exc:
         fail(str(exc))
     _print_comparison(comparison.summary)
     console.print(f"wrote [bold]{out_dir}[/bold]")
@@ -147,7 +164,8 @@ def _print_comparison(summary: dict[str, Any]) -> None:
         console.print(f"  {row['kind']}: {row['rows']} steps, MAPE {row['mape_pct']}%, "
                       f"worst {row['worst_pct']}%")  # fmt: skip
     load = summary["load_average"]
-    console.print(f"  load average before / after: {load['before'][0]} / {load['after'][0]}")
+    console.print(f"  load average before / after: {load['before'][0]} / {load['after'][0]}; "
+                  f"timer {summary['timer']}, {summary['threads']} thread(s)")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

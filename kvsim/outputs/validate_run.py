@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from kvsim.plots import save_png
 from kvsim.plots.calibration import plot_predicted_vs_measured, plot_step_time_validation
 from kvsim.runner import RunResult, load_workload, simulate
 from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
-from kvsim.sim.engine_timing import load_average
+from kvsim.sim.engine_timing import CLOCKS, engine_clock, load_average
 from kvsim.sim.executor import CostModelExecutor, step_shape
 
 # The end-to-end figures compared: summary.json key (a distribution's "mean"/"p50"/"p99"
@@ -54,17 +55,25 @@ BATCH_LABELS = ("1", "2-4", "5-16", "17-64", "> 64")
 
 
 class RecordingEngineExecutor(EngineExecutor):
-    """Engine mode that also keeps each step's BatchShape counts and measured seconds."""
+    """Engine mode that also keeps each step's BatchShape counts and measured seconds, timed by
+    ``clock`` (engine_timing.CLOCKS: the wall clock, as engine mode, or the thread's CPU time)."""
 
-    def __init__(self, llm: LLMEngine) -> None:
+    def __init__(self, llm: LLMEngine, clock: Callable[[], int] = CLOCKS["wall"]) -> None:
         super().__init__(llm)
+        self.clock = clock
         self.records: list[tuple[int, ...]] = []
         self.seconds: list[float] = []
         self.kinds: list[str] = []
 
     def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
         shape = step_shape(out, sum(len(seq.block_table) for seq in out.seqs))
-        dt, tokens = super().execute(out, scheduler)
+        start = self.clock()
+        tokens = self.llm.execute_model(out)
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        dt = (self.clock() - start) * 1e-9
         self.records.append((
             shape.num_seqs, shape.num_batched_tokens, shape.num_decode_seqs,
             shape.decode_context_tokens, shape.prefill_causal_pairs,
@@ -112,13 +121,17 @@ def _dig(summary: dict[str, Any], key: str) -> float:
     return float(value)
 
 
-def compare_runs(config: RunConfig, gpu: GPUSpec, coefficients: StepCoefficients) -> RunComparison:
-    """Engine mode and cost mode (with ``coefficients`` on ``gpu``) on ``config``'s trace."""
+def compare_runs(
+    config: RunConfig, gpu: GPUSpec, coefficients: StepCoefficients, timer: str = "wall"
+) -> RunComparison:
+    """Engine mode and cost mode (with ``coefficients`` on ``gpu``) on ``config``'s trace;
+    engine steps timed by ``timer`` ("wall", as engine mode, or "thread": engine_timing)."""
     engine_config = config.replace(mode="engine")
+    clock = engine_clock(timer, config.threads)
     _, trace = load_workload(engine_config)
     load_before, started = load_average(), time.perf_counter()
     llm = build_llm(engine_config)
-    executor = RecordingEngineExecutor(llm)
+    executor = RecordingEngineExecutor(llm, clock)
     scheduler = llm.scheduler
     max_model_len = scheduler.config.max_model_len
     num_blocks = llm.block_manager.num_blocks
@@ -154,6 +167,7 @@ def compare_runs(config: RunConfig, gpu: GPUSpec, coefficients: StepCoefficients
         "cost": {key: _dig(cost.summary, key) for key in COMPARED},
         "relative_error": errors,
         "threads": config.threads,
+        "timer": timer,
         "engine_wall_s": round(engine_wall, 2),
         "load_average": {"before": load_before, "after": load_average()},
         "coefficients": coefficients.source or "in memory",

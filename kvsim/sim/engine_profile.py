@@ -44,6 +44,8 @@ from kvsim.atomic import atomic_dir
 from kvsim.costmodel.layer_shapes import LINEAR_OPS
 from kvsim.costmodel.profiles import PROFILE_META_FORMAT
 from kvsim.sim.engine_timing import (
+    CLOCKS,
+    engine_clock,
     interleaved,
     load_average,
     measure_peaks,
@@ -135,7 +137,12 @@ def _model_columns(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
 
 
 def profile_linear(
-    model: str, tokens: tuple[int, ...], repeats: int, dtype: torch.dtype, seed: int = 0
+    model: str,
+    tokens: tuple[int, ...],
+    repeats: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    clock: Callable[[], int] = CLOCKS["wall"],
 ) -> tuple[pd.DataFrame, list[float]]:
     """The nine operators of one decoder layer per token count (Vidur's mlp.csv columns, ms)."""
     config = _config(model)
@@ -147,7 +154,7 @@ def profile_linear(
     with torch.inference_mode():
         samples = interleaved(
             [(n, op) for n in tokens for op in LINEAR_OPS],
-            lambda point: time_ms(calls[point[0]][point[1]], per_round, warmup=2),
+            lambda point: time_ms(calls[point[0]][point[1]], per_round, 2, clock),
             ROUNDS,
             seed,
         )
@@ -204,14 +211,19 @@ def _attention_call(
 
 
 def profile_attention(
-    model: str, grid: EngineProfileGrid, repeats: int, dtype: torch.dtype, seed: int = 0
+    model: str,
+    grid: EngineProfileGrid,
+    repeats: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    clock: Callable[[], int] = CLOCKS["wall"],
 ) -> tuple[pd.DataFrame, list[float]]:
     """paged_attention of one layer at every point of ``grid`` (Vidur's attention.csv, ms)."""
     config = _config(model)
     per_round = -(-repeats // ROUNDS)
 
     def sample(point: tuple[bool, int, int, int, int]) -> np.ndarray:
-        return time_ms(_attention_call(config, point, dtype), per_round, warmup=2)
+        return time_ms(_attention_call(config, point, dtype), per_round, 2, clock)
 
     with torch.inference_mode():
         samples = interleaved(_attention_points(grid), sample, ROUNDS, seed)
@@ -231,7 +243,14 @@ def profile_attention(
 
 
 def _scenario_steps(
-    model: str, num_seqs: int, prompt: int, decodes: int, block_size: int, dtype: str, seed: int
+    model: str,
+    num_seqs: int,
+    prompt: int,
+    decodes: int,
+    block_size: int,
+    dtype: str,
+    seed: int,
+    clock: Callable[[], int],
 ) -> list[tuple[tuple[int, ...], float]]:
     """One run of ``num_seqs`` prompts of ``prompt`` tokens generating ``decodes + 1`` tokens
     each: every step's BatchShape counts and ``execute_model`` seconds."""
@@ -252,17 +271,20 @@ def _scenario_steps(
             scheduler.update(out, [])
             continue
         shape = step_shape(out, sum(len(seq.block_table) for seq in out.seqs))
-        start = time.perf_counter()
+        start = clock()
         tokens = llm.execute_model(out)
-        measured.append(
-            (tuple(int(v) for v in asdict(shape).values()), time.perf_counter() - start)
-        )
+        measured.append((tuple(int(v) for v in asdict(shape).values()), (clock() - start) * 1e-9))
         scheduler.update(out, tokens)
     return measured
 
 
 def profile_steps(
-    model: str, grid: EngineProfileGrid, repeats: int, dtype: torch.dtype, seed: int = 0
+    model: str,
+    grid: EngineProfileGrid,
+    repeats: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    clock: Callable[[], int] = CLOCKS["wall"],
 ) -> tuple[pd.DataFrame, list[float]]:
     """Whole steps of every (batch, prompt) scenario, each run ``repeats`` times in interleaved
     rounds (after one warm-up run each); one row per step with its BatchShape counts and the
@@ -275,7 +297,8 @@ def profile_steps(
 
     def sample(scenario: tuple[int, int]) -> np.ndarray:
         n, p = scenario
-        steps = _scenario_steps(model, n, p, grid.step_decodes, block_size, dtype_name, seed)
+        decodes = grid.step_decodes
+        steps = _scenario_steps(model, n, p, decodes, block_size, dtype_name, seed, clock)
         counts = [c for c, _ in steps]
         if shapes.setdefault(scenario, counts) != counts:
             raise RuntimeError(f"scenario {n} x {p}: runs scheduled different steps")
@@ -311,17 +334,22 @@ def write_engine_profile(
     dtype: str = "float32",
     grid: EngineProfileGrid | None = None,
     seed: int = 0,
+    timer: str = "wall",
 ) -> dict[str, Any]:
-    """Profile ``model`` into folder ``out`` (all or nothing); return profile.json's record."""
+    """Profile ``model`` into folder ``out`` (all or nothing); return profile.json's record.
+
+    ``timer``: "wall" or "thread" (engine_timing.CLOCKS; "thread" needs ``threads == 1``)."""
     grid = grid or EngineProfileGrid()
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    clock = engine_clock(timer, threads)
     pin_threads(threads)
     load_before, started = load_average(), time.perf_counter()
-    peaks_before = measure_peaks(torch_dtype)
-    linear, linear_spread = profile_linear(model, grid.tokens, repeats, torch_dtype, seed)
-    attention, attention_spread = profile_attention(model, grid, repeats, torch_dtype, seed)
-    steps, steps_spread = profile_steps(model, grid, max(3, repeats // 3), torch_dtype, seed)
-    peaks_after = measure_peaks(torch_dtype)
+    peaks_before = measure_peaks(torch_dtype, clock=clock)
+    linear, linear_spread = profile_linear(model, grid.tokens, repeats, torch_dtype, seed, clock)
+    attention, attention_spread = profile_attention(model, grid, repeats, torch_dtype, seed, clock)
+    step_rounds = max(3, repeats // 3)
+    steps, steps_spread = profile_steps(model, grid, step_rounds, torch_dtype, seed, clock)
+    peaks_after = measure_peaks(torch_dtype, clock=clock)
     drift = {k: peaks_after[k] / peaks_before[k] - 1.0 for k in peaks_before}
     device = {
         "name": DEVICE,
@@ -349,6 +377,7 @@ def write_engine_profile(
         "model": model,
         "dtype": dtype,
         "threads": threads,
+        "timer": timer,
         "repeats": repeats,
         "num_sms": threads,  # decode attention runs one (sequence, KV head) per thread at a time
         "max_efficiency": 100.0,  # cache-resident operands beat the measured DRAM bandwidth

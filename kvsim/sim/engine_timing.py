@@ -6,6 +6,8 @@
 - Every point is timed ``repeats`` times after warm-up calls, in rounds: each round visits
   every point once, in a fresh seeded order, so a slow spell of the machine lands on all points
   alike instead of on a few; a point's median over all its calls is what is fitted.
+- The clock is the wall clock, or (``--timer thread``) the thread's CPU time, which other
+  processes taking the core cannot inflate (CLOCKS).
 - How noisy the machine was is measured and reported: the spread of each point's repeats,
   (p90 - p10) / median, the drift of the machine's measured peaks between the start and the
   end of a run, and the load average (os.getloadavg) before and after.
@@ -16,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TypeVar
 
 import numpy as np
@@ -25,6 +28,14 @@ import torch
 from kvsim.config import DEFAULT_THREADS
 
 K = TypeVar("K")
+
+# How a step or an operator is timed (ns): "wall" is the wall clock (what engine mode advances
+# simulated time by); "thread" is the calling thread's CPU time, which does not count the time
+# other processes held the core: the stable choice on a shared machine, exact for one torch
+# thread on a CPU (with more threads, or on CUDA, only the wall clock sees the whole step).
+CLOCKS: Mapping[str, Callable[[], int]] = MappingProxyType(
+    {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
+)
 
 __all__ = [
     "DEFAULT_THREADS",
@@ -44,15 +55,31 @@ def pin_threads(threads: int) -> None:
         torch.set_num_interop_threads(1)
 
 
-def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> np.ndarray:
-    """Wall times of ``repeats`` calls of ``fn`` (ms), after ``warmup`` untimed calls."""
+def engine_clock(timer: str, threads: int | None) -> Callable[[], int]:
+    """The clock of ``timer`` ("wall" or "thread"); ValueError for an unknown one, or for the
+    thread clock with other than one thread (it would miss the other threads' work)."""
+    if timer not in CLOCKS:
+        raise ValueError(f"timer must be one of {', '.join(CLOCKS)}, got {timer!r}")
+    if timer == "thread" and threads != 1:
+        raise ValueError(f"the thread timer needs --threads 1 (got {threads}): it times one thread")
+    return CLOCKS[timer]
+
+
+def time_ms(
+    fn: Callable[[], object],
+    repeats: int,
+    warmup: int = 3,
+    clock: Callable[[], int] = time.perf_counter_ns,
+) -> np.ndarray:
+    """Times of ``repeats`` calls of ``fn`` (ms) by ``clock`` (ns; CLOCKS), after ``warmup``
+    untimed calls."""
     for _ in range(warmup):
         fn()
     out = np.empty(repeats)
     for i in range(repeats):
-        start = time.perf_counter_ns()
+        start = clock()
         fn()
-        out[i] = (time.perf_counter_ns() - start) * 1e-6
+        out[i] = (clock() - start) * 1e-6
     return out
 
 
@@ -86,15 +113,17 @@ def spread(samples: np.ndarray) -> float:
     return float((p90 - p10) / p50)
 
 
-def measure_peaks(dtype: torch.dtype, repeats: int = 7) -> dict[str, float]:
+def measure_peaks(
+    dtype: torch.dtype, repeats: int = 7, clock: Callable[[], int] = time.perf_counter_ns
+) -> dict[str, float]:
     """This CPU's achievable peaks with the pinned threads: matmul FLOP/s and copy bytes/s."""
     n = 1024
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    flops = 2 * n**3 / (float(np.median(time_ms(lambda: a @ b, repeats))) * 1e-3)
+    flops = 2 * n**3 / (float(np.median(time_ms(lambda: a @ b, repeats, clock=clock))) * 1e-3)
     src = torch.randn((64 << 20) // (torch.finfo(dtype).bits // 8), dtype=dtype)  # 64 MiB
     dst = torch.empty_like(src)
     moved = 2 * src.numel() * src.element_size()  # read and write
-    seconds = float(np.median(time_ms(lambda: dst.copy_(src), repeats))) * 1e-3
+    seconds = float(np.median(time_ms(lambda: dst.copy_(src), repeats, clock=clock))) * 1e-3
     return {"peak_flops": flops, "hbm_bandwidth": moved / seconds}
 
 
