@@ -9,6 +9,7 @@ What users and notebooks need, at one short path::
 - ``RunConfig`` (every option of a run), ``run`` (simulate it) and ``RunResult``;
 - ``write_run`` / ``read_run`` (run folders);
 - ``CostModel``, ``resolve_gpu``, ``resolve_model`` (the cost model, also in kvsim.costmodel);
+- ``cache_curve`` (offline prefix-cache hit rate against capacity, LRU and optimal);
 - the ``plot_*`` functions and ``summaries_frame`` of kvsim.plots.
 
 Names are imported on first use, so ``kvsim --help`` pays for none of pandas, matplotlib or
@@ -21,6 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kvsim.analysis.cache_curve import cache_curve
     from kvsim.config import RunConfig
     from kvsim.costmodel import CostModel, resolve_gpu, resolve_model
     from kvsim.outputs.run_folder import read_run, write_run
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
         plot_batch_size,
         plot_block_pool,
         plot_breakdown_bars,
+        plot_cache_curve,
         plot_free_blocks,
         plot_gantt,
         plot_kv_breakdown,
@@ -44,10 +47,12 @@ _EXPORTS = {
     "kvsim.runner": ("RunResult", "run"),
     "kvsim.outputs.run_folder": ("read_run", "write_run"),
     "kvsim.costmodel": ("CostModel", "resolve_gpu", "resolve_model"),
+    "kvsim.analysis.cache_curve": ("cache_curve",),
     "kvsim.plots": (
         "plot_batch_size",
         "plot_block_pool",
         "plot_breakdown_bars",
+        "plot_cache_curve",
         "plot_free_blocks",
         "plot_gantt",
         "plot_kv_breakdown",
@@ -64,9 +69,11 @@ __all__ = [
     "CostModel",
     "RunConfig",
     "RunResult",
+    "cache_curve",
     "plot_batch_size",
     "plot_block_pool",
     "plot_breakdown_bars",
+    "plot_cache_curve",
     "plot_free_blocks",
     "plot_gantt",
     "plot_kv_breakdown",

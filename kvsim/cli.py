@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from kvsim.commands import calibrate, plot, profile, run, sweep, traces
+from kvsim.commands import cache_curve, calibrate, plot, profile, run, sweep, traces
 
 app = typer.Typer(
     name="kvsim",
@@ -22,6 +22,7 @@ run.register(app)
 traces.register(app)
 sweep.register(app)
 plot.register(app)
+cache_curve.register(app)
 calibrate.register(app)
 profile.register(app)
 

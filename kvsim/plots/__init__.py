@@ -4,14 +4,15 @@ The CLI, the reports and the notebooks all call these same functions. Time serie
 from at most ``MAX_POINTS`` steps (evenly thinned) and the occupancy map from a pixel grid
 aggregated with numpy, so a million-step, 100,000-block run plots as fast as a small one.
 
-Modules: ``timeseries`` (free blocks, KV breakdown, batch size), ``requests`` (latency CDFs,
-Gantt chart), ``occupancy_map`` (block x time map), ``pool`` (a small pool slot by slot),
-``compare`` (several runs side by side), ``standard`` (the named pictures of a run folder),
-``animation`` (the block pool over a time window, as a GIF or MP4; imported on its own, since
-most callers never animate).
+Modules: ``cache_curve`` (offline prefix-cache hit rate against capacity), ``timeseries`` (free
+blocks, KV breakdown, batch size), ``requests`` (latency CDFs, Gantt chart), ``occupancy_map``
+(block x time map), ``pool`` (a small pool slot by slot), ``compare`` (several runs side by
+side), ``standard`` (the named pictures of a run folder), ``animation`` (the block pool over a
+time window, as a GIF or MP4; imported on its own, since most callers never animate).
 """
 
 from kvsim.plots._common import COLORS, MAX_POINTS, png_bytes, save_png
+from kvsim.plots.cache_curve import plot_cache_curve
 from kvsim.plots.compare import (
     breakdown_table,
     plot_breakdown_bars,
@@ -42,6 +43,7 @@ __all__ = [
     "plot_batch_size",
     "plot_block_pool",
     "plot_breakdown_bars",
+    "plot_cache_curve",
     "plot_free_blocks",
     "plot_gantt",
     "plot_kv_breakdown",

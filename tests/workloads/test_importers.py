@@ -158,13 +158,16 @@ def test_shipped_traces_load_with_documented_counts() -> None:
         "azure_llm_2023_code": 8_819,
         "azure_llm_2023_conv": 19_366,
         "azure_llm_2023_conv_first_2min": 456,
+        "mooncake_fast25_conversation": 12_031,
         "mooncake_fast25_conversation_first_1000": 1_000,
     }
     default = load_trace(DEFAULT_TRACE)
     assert default.requests[-1].arrival_time_s < 120
-    mooncake = load_trace(shipped_trace_path("mooncake_fast25_conversation_first_1000"))
-    assert mooncake.hash_block_size == 512
+    mooncake = load_trace(shipped_trace_path("mooncake_fast25_conversation"))
+    sample = load_trace(shipped_trace_path("mooncake_fast25_conversation_first_1000"))
+    assert mooncake.hash_block_size == sample.hash_block_size == 512
     assert all(r.hash_ids for r in mooncake.requests)
+    assert sample.requests == mooncake.requests[:1_000]  # the sample is the whole trace's head
 
 
 def test_unknown_shipped_name_lists_the_names() -> None:
