@@ -1,22 +1,105 @@
 """The ``kvsim`` command line: thin commands that hand off to library functions.
 
 Library code raises its own exceptions; only this edge turns them into one red line
-and a non-zero exit code.
+and a non-zero exit code. ``main`` (the ``kvsim`` script and ``python -m kvsim``) also turns
+Ctrl-C and SIGTERM into one line and exit code 130 or 143, after every temporary file is
+removed.
 """
 
 from __future__ import annotations
 
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
 import typer
+from rich.text import Text
+from typer.core import TyperGroup
 
 from kvsim.commands import cache_curve, calibrate, plot, profile, run, sweep, traces
+from kvsim.commands.console import FlagsWithoutType, err_console, print_error
+from kvsim.errors import Interrupted
+
+# Typer's click exceptions, wherever its click lives (Typer >= 0.29 carries its own copy).
+_click_errors = sys.modules[typer.BadParameter.__module__]
+_ClickException: type[Exception] = _click_errors.ClickException
+_UsageError: type[Exception] = _click_errors.UsageError
+_NoArgsIsHelp: type[Exception] = getattr(
+    _click_errors, "NoArgsIsHelpError", type("_Never", (Exception,), {})
+)
+
+
+class _OneLineErrors(FlagsWithoutType, TyperGroup):
+    """Usage errors (a bad option value, a missing argument) as one red line and exit code 2,
+    like every other bad input, instead of click's usage block."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except _NoArgsIsHelp as exc:
+            if not standalone_mode:
+                raise
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(0)
+        except _ClickException as exc:
+            if not standalone_mode:
+                raise
+            message = exc.format_message().rstrip(".")  # type: ignore[attr-defined]
+            ctx = getattr(exc, "ctx", None)
+            if isinstance(exc, _UsageError) and ctx is not None:
+                message += f" (see {ctx.command_path} -h)"
+            print_error(message)
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            print_error("aborted")
+            sys.exit(1)
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="kvsim",
     help="Simulate and visualize KV-cache scheduling in LLM serving.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"kvsim {version('kvsim')}")
+        except PackageNotFoundError:
+            typer.echo("kvsim (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Simulate and visualize KV-cache scheduling in LLM serving."""
+
 
 run.register(app)
 traces.register(app)
@@ -27,6 +110,20 @@ calibrate.register(app)
 profile.register(app)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # A second signal must not cut the cleanup the first one started.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
 def main() -> None:
-    """Entry point for ``python -m kvsim``."""
-    app()
+    """Entry point of the ``kvsim`` script and ``python -m kvsim``."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _interrupt)
+    try:
+        app()
+    except Interrupted as stop:
+        what = "interrupted" if stop.signum == signal.SIGINT else "terminated (SIGTERM)"
+        err_console.print(Text(f"{what}; nothing written", style="yellow"), soft_wrap=True)
+        sys.exit(128 + stop.signum)

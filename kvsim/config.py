@@ -1,7 +1,11 @@
 """RunConfig: every option of one simulation, resolved and serialisable.
 
 A run folder's config.json is ``RunConfig.to_dict()``; ``kvsim run --config config.json``
-rebuilds the same config, so a run can be repeated exactly.
+rebuilds the same config, so a cost-mode run can be repeated exactly (an engine-mode run
+measures wall time: it repeats the same schedule of tokens, not the same times).
+
+Each field's type is checked (JSON's types: no string for a number, no number for a flag) and
+then its bounds (``option(check=...)``); contradicting options are refused by ``_RULES``.
 
 Each field is defined once, here: its type, default, help text and unit (``option(...)``
 metadata). The ``kvsim run`` and ``kvsim sweep`` options (kvsim/commands/options.py), the sweep's
@@ -12,9 +16,13 @@ option means adding a field here, and its behaviour where it acts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import re
+import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +38,7 @@ ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
 # How `kvsim sweep` offers a field: given once like `kvsim run` ("option"), as its own
 # comma-separated axis ("axis"), only through --param ("param"), or not at all ("no").
 SweepUse = Literal["option", "axis", "param", "no"]
+MAX_CONFIG_BYTES = 1 << 24  # a run's config.json is a few KB
 
 
 # Engine mode's pinned torch threads: one thread is the setting other processes disturb least,
@@ -57,6 +66,7 @@ class OptionSpec:
     run: bool = True  # offered by `kvsim run`
     sweep: SweepUse = "option"
     sweep_help: str | None = None  # the help of the sweep option, where it differs
+    check: Check | None = None  # the value's bounds, after its type is checked
 
     def cli_flag(self, name: str) -> str:
         return self.flag or "--" + name.replace("_", "-")
@@ -67,20 +77,105 @@ def option(default: Any, **spec: Any) -> Any:
     return dataclasses.field(default=default, metadata={"option": OptionSpec(**spec)})
 
 
-def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if type(value) is not int or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+# --- declarative checks: each takes the field's name and its value (of the right type) ------
+
+Check = Callable[[str, Any], None]
+# FastDecodeScheduler keeps one list per token of a block (engine/fast_decode.py): a block size
+# of 1e8 would take gigabytes before the first step. No model has contexts this long.
+MAX_BLOCK_SIZE = 65_536
+MAX_SEED = 2**63 - 1  # numpy and torch take seeds below 2**64
+MAX_TOKENS = 2**31 - 1  # token counts are int32 in the event stream (engine/events.py)
+# The BlockManager keeps a few Python objects per block (free list, owners, ref counts): 2^24
+# blocks already take about a GiB; planned pools of real GPUs are far smaller.
+MAX_NUM_BLOCKS = 2**24
+# A closed-loop user is a simpy process; a million would take about a GiB before any request.
+MAX_CONCURRENCY = 100_000
 
 
-def _positive_float(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
+def at_least(low: float, *, maximum: float | None = None, why: str = "") -> Check:
+    """A number >= ``low`` (and <= ``maximum``), finite."""
+
+    def check(name: str, value: Any) -> None:
+        if not (low <= value < math.inf) or (maximum is not None and value > maximum):
+            bound = f">= {low:,}" if maximum is None else f"in [{low:,}, {maximum:,}]"
+            raise ConfigError(f"{name} must be {bound}{why}, got {shown(value)}")
+
+    return check
+
+
+def above(low: float) -> Check:
+    """A finite number > ``low``."""
+
+    def check(name: str, value: Any) -> None:
+        if not (low < value < math.inf):
+            raise ConfigError(f"{name} must be a finite number > {low}, got {shown(value)}")
+
+    return check
+
+
+def fraction(*, low_open: bool, high_open: bool) -> Check:
+    """A share between 0 and 1, ends open or closed as given."""
+    interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+
+    def check(name: str, value: Any) -> None:
+        low_ok = value > 0 if low_open else value >= 0
+        high_ok = value < 1 if high_open else value <= 1
+        if not (low_ok and high_ok):
+            raise ConfigError(f"{name} must be in {interval}, got {shown(value)}")
+
+    return check
+
+
+def one_of(*values: str, pattern: str | None = None) -> Check:
+    """One of ``values`` (or a full match of ``pattern``)."""
+
+    def check(name: str, value: Any) -> None:
+        if value in values or (pattern is not None and re.fullmatch(pattern, value)):
+            return
+        raise ConfigError(f"{name} must be one of {', '.join(values)}, got {shown(value)}")
+
+    return check
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error line stays a line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}... ({len(text):,} chars)"
+
+
+def not_empty(name: str, value: Any) -> None:
+    """A name or path: not empty, no NUL (which no file name can hold)."""
+    if not value.strip():
+        raise ConfigError(f"{name} must not be empty")
+    if "\x00" in value:
+        raise ConfigError(f"{name} must not contain a NUL character, got {shown(value)}")
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """``value`` is of the field's declared type (JSON's types: an int is a float, a bool is
+    not a number), or None where the field is optional."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) and type(None) in args:
+        if value is None:
+            return
+        hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is Literal:
+        if value not in typing.get_args(hint):
+            choices = ", ".join(typing.get_args(hint))
+            raise ConfigError(f"{name} must be one of {choices}, got {shown(value)}")
         return
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    ok = {
+        int: type(value) is int,
+        # an integer for a float field must have a float (2^53: exact; 10^400: none)
+        float: type(value) is float or (type(value) is int and abs(value) <= 2**53),
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+    }[hint]
+    if not ok:
+        raise ConfigError(f"{name} must be {_TYPE_WORDS[hint]}, got {shown(value)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +187,7 @@ class RunConfig:
         help="Trace file (.json/.jsonl/.csv) or shipped trace name",
         run=False,
         sweep="no",
+        check=not_empty,
     )
     mode: Mode = option(
         "cost",
@@ -99,20 +195,25 @@ class RunConfig:
         sweep="no",
     )
     model: str = option(
-        "llama-2-7b", help="Model preset or a Hugging Face config.json path", unit="NAME|PATH"
+        "llama-2-7b",
+        help="Model preset or a Hugging Face config.json path",
+        unit="NAME|PATH",
+        check=not_empty,
     )
     gpu: str = option(
         "a100-80gb",
         help=f"GPU preset ({', '.join(GPU_PRESETS)}) or a GPU spec JSON file",
         unit="NAME|PATH",
+        check=not_empty,
     )
-    tp: int = option(1, help="Tensor-parallel GPUs", unit="GPUS")
+    tp: int = option(1, help="Tensor-parallel GPUs", unit="GPUS", check=at_least(1, maximum=4096))
     coefficients: str | None = option(
         None,
         help="Cost-model coefficient overrides (JSON file)",
         unit="FILE",
         path=True,
         default_text="none",
+        check=not_empty,
     )
     block_size: int = option(
         16,
@@ -120,6 +221,7 @@ class RunConfig:
         unit="TOKENS",
         sweep="axis",
         sweep_help="Block sizes to sweep, e.g. 1,2,4,8,16,32,64,128,256",
+        check=at_least(1, maximum=MAX_BLOCK_SIZE, why=" tokens (no context is that long)"),
     )
     num_blocks: int | None = option(
         None,
@@ -128,22 +230,35 @@ class RunConfig:
         default_text="planned from GPU memory",
         sweep_help="KV blocks (of the base block size, 16, when block sizes are swept: the "
         "slots are held)",
+        check=at_least(1, maximum=MAX_NUM_BLOCKS),
     )
     gpu_memory_utilization: float = option(
-        0.9, help="Share of GPU memory for weights, activations and KV", unit="FRACTION"
+        0.9,
+        help="Share of GPU memory for weights, activations and KV",
+        unit="FRACTION",
+        check=fraction(low_open=True, high_open=False),
     )
-    max_num_seqs: int = option(256, help="Most sequences in one batch", unit="SEQS")
+    max_num_seqs: int = option(
+        256, help="Most sequences in one batch", unit="SEQS", check=at_least(1, maximum=MAX_TOKENS)
+    )
     max_num_batched_tokens: int = option(
-        8192, help="Most tokens in one prefill step", unit="TOKENS"
+        8192,
+        help="Most tokens in one prefill step",
+        unit="TOKENS",
+        check=at_least(1, maximum=MAX_TOKENS),
     )
     max_model_len: int | None = option(
         None,
         help="Longest sequence, prompt + output",
         unit="TOKENS",
         default_text="the model's",
+        check=at_least(1, maximum=MAX_TOKENS),
     )
     watermark: float = option(
-        0.01, help="Share of blocks kept free when admitting", unit="FRACTION"
+        0.01,
+        help="Share of blocks kept free when admitting",
+        unit="FRACTION",
+        check=fraction(low_open=False, high_open=True),
     )
     rate: float | None = option(
         None,
@@ -152,25 +267,38 @@ class RunConfig:
         default_text="the trace's",
         sweep="axis",
         sweep_help="Request rates to sweep (requests/s), e.g. 1,2,4,8",
+        check=above(0),
     )
     time_scale: float | None = option(
-        None, help="Multiply arrival times by this factor", unit="FACTOR", default_text="1"
+        None,
+        help="Multiply arrival times by this factor",
+        unit="FACTOR",
+        default_text="1",
+        check=above(0),
     )
     concurrency: int | None = option(
         None,
         help="Closed loop: this many users, one request each in flight",
         unit="USERS",
         default_text="open loop",
+        check=at_least(1, maximum=MAX_CONCURRENCY),
     )
     think_time_s: float = option(
         0.0,
         help="Closed loop: mean think time between a user's requests",
         unit="SECONDS",
         flag="--think-time",
+        check=at_least(0, maximum=2.0**32),
     )
-    seed: int = option(0, help="Seed for every random choice", unit="INT")
+    seed: int = option(
+        0, help="Seed for every random choice", unit="INT", check=at_least(0, maximum=MAX_SEED)
+    )
     until: float | None = option(
-        None, help="Stop at this simulated time", unit="SECONDS", default_text="the end"
+        None,
+        help="Stop at this simulated time",
+        unit="SECONDS",
+        default_text="the end",
+        check=above(0),
     )
     allocator: Allocator = option(
         "paged",
@@ -189,9 +317,19 @@ class RunConfig:
         sweep="param",
     )
     # engine mode only
-    device: str = option("cpu", help="Engine mode: cpu or cuda", unit="DEVICE", sweep="no")
+    device: str = option(
+        "cpu",
+        help="Engine mode: cpu or cuda (cuda:N for one of several GPUs)",
+        unit="DEVICE",
+        sweep="no",
+        check=one_of("cpu", "cuda", pattern=r"cuda:\d{1,3}"),
+    )
     dtype: str = option(
-        "float32", help="Engine mode: float32, bfloat16 or float16", unit="DTYPE", sweep="no"
+        "float32",
+        help="Engine mode: float32, bfloat16 or float16",
+        unit="DTYPE",
+        sweep="no",
+        check=one_of("float32", "bfloat16", "float16"),
     )
     threads: int | None = option(
         DEFAULT_THREADS,
@@ -199,40 +337,22 @@ class RunConfig:
         "times stable on a shared machine, raise it on a dedicated one; null in config.json: "
         "torch's choice (one per core: runs can differ 300x under contention)",
         unit="THREADS",
-        sweep="param",
+        sweep="no",
+        check=at_least(1, maximum=4096),
     )
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("tp", "block_size", "max_num_seqs", "max_num_batched_tokens"):
-            _positive_int(name, getattr(self, name))
-        for name in ("num_blocks", "max_model_len", "concurrency", "threads"):
-            _positive_int(name, getattr(self, name), allow_none=True)
-        for name in ("rate", "time_scale", "until"):
-            _positive_float(name, getattr(self, name), allow_none=True)
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
-        if not 0 <= self.watermark < 1:
-            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        if not (self.think_time_s >= 0 and math.isfinite(self.think_time_s)):
-            raise ConfigError(
-                f"think_time_s must be a finite number >= 0, got {self.think_time_s!r}"
-            )
-        if self.rate is not None and self.time_scale is not None:
-            raise ConfigError("give --rate or --time-scale, not both")
-        if self.allocator not in ALLOCATORS:
-            raise ConfigError(
-                f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}"
-            )
-        if self.allocator != "paged" and self.mode != "cost":
-            raise ConfigError(
-                f"allocator {self.allocator!r} runs in cost mode only (the torch engine is paged)"
-            )
-        if type(self.seed) is not int:
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        hints = _field_types()
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            _check_type(field.name, value, hints[field.name])
+            check = field.metadata["option"].check
+            if check is not None and value is not None:
+                check(field.name, value)
+        for rule in _RULES:
+            problem = rule(self)
+            if problem is not None:
+                raise ConfigError(problem)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -245,26 +365,100 @@ class RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"{source}: unknown field {unknown[0]!r}")
+            raise ConfigError(f"{source}: unknown field {shown(unknown[0])}")
         if "trace" not in data:
             raise ConfigError(f"{source}: missing field 'trace'")
         try:
             return cls(**data)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-        except TypeError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
 
     @classmethod
     def load(cls, path: Path) -> RunConfig:
-        """Read a run's config.json; the ``resolved`` section, if present, is ignored."""
+        """Read a run's config.json. The ``resolved`` section is ignored but for one thing: a
+        trace file given by a relative path that does not exist from the current folder is
+        read from ``resolved.trace_path_absolute``, where the run found it."""
         try:
+            if path.exists() and not path.is_file():  # a FIFO would block, a device not end
+                raise ConfigError(f"{path}: not a regular file; give a run folder's config.json")
+            if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"{path}: not a config.json (over {MAX_CONFIG_BYTES:,} bytes)")
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot read config: {exc}") from None
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise ConfigError(f"{path}: cannot read config: {reason}") from None
         if not isinstance(data, dict) or not isinstance(data.get("options"), dict):
             raise ConfigError(f"{path}: expected an object with an 'options' object")
-        return cls.from_dict(data["options"], source=str(path))
+        options = _trace_found_from_here(data["options"], data.get("resolved"))
+        return cls.from_dict(options, source=str(path))
+
+
+def _trace_found_from_here(options: dict[str, Any], resolved: Any) -> dict[str, Any]:
+    """``options`` with the trace at its absolute path when the path given is relative, not
+    found from here (and no shipped trace's name), and the absolute one exists."""
+    from workloads import shipped_trace_names
+
+    trace = options.get("trace")
+    absolute = resolved.get("trace_path_absolute") if isinstance(resolved, dict) else None
+    if not (isinstance(trace, str) and isinstance(absolute, str)) or not trace.strip():
+        return options
+    given = Path(trace)
+    if given.is_absolute() or given.exists() or trace in shipped_trace_names():
+        return options
+    if not Path(absolute).is_file():
+        return options
+    return {**options, "trace": absolute}
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(RunConfig)
+
+
+def _engine_only_in_cost_mode(c: RunConfig) -> str | None:
+    if c.mode != "cost":
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    given = [n for n in ("device", "dtype", "threads") if getattr(c, n) != defaults[n]]
+    if not given:
+        return None
+    flags = ", ".join(option_specs()[n].cli_flag(n) for n in given)
+    return f"{flags} applies to --mode engine only (cost mode runs no model)"
+
+
+# Options that contradict each other: each rule returns what is wrong, or None.
+_RULES: tuple[Callable[[RunConfig], str | None], ...] = (
+    lambda c: (
+        "give --rate or --time-scale, not both"
+        if c.rate is not None and c.time_scale is not None
+        else None
+    ),
+    lambda c: (
+        "--rate rescales an open-loop trace; with --concurrency the users set the rate "
+        "(give one of them)"
+        if c.rate is not None and c.concurrency is not None
+        else None
+    ),
+    lambda c: (
+        "--time-scale rescales an open-loop trace; with --concurrency the users set the "
+        "rate (give one of them)"
+        if c.time_scale is not None and c.concurrency is not None
+        else None
+    ),
+    lambda c: (
+        "--think-time is the pause of a closed-loop user: it needs --concurrency"
+        if c.think_time_s > 0 and c.concurrency is None
+        else None
+    ),
+    lambda c: (
+        f"allocator {c.allocator!r} runs in cost mode only (the torch engine is paged)"
+        if c.allocator != "paged" and c.mode != "cost"
+        else None
+    ),
+    _engine_only_in_cost_mode,
+)
 
 
 def option_specs() -> dict[str, OptionSpec]:

@@ -28,7 +28,7 @@ from kvsim.costmodel import (
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
 from kvsim.sim.executor import CostModelExecutor, Executor
-from kvsim.sim.simulation import Progress, SimSettings, Simulation
+from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
 
@@ -89,17 +89,22 @@ def run(
     events_path: Path | None = None,
     *,
     keep_events: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode.
 
     With ``events_path`` the events are streamed to that Parquet file as the run goes (memory
     stays bounded whatever the trace's length) and ``RunResult.events`` is None. Without
     ``keep_events`` they are neither kept nor written (the metrics are computed all the same):
-    for sweeps, where a small block size makes tens of millions of block rows."""
+    for sweeps, where a small block size makes tens of millions of block rows. ``on_start``
+    gets the number of requests to replay once the trace is loaded (a progress bar's total);
+    ``progress`` is called every 4,096 steps in cost mode, every step in engine mode."""
     if not keep_events:
         events_path = None
     if config.mode == "engine":
-        return _run_engine_mode(config, progress, events_path, keep_events=keep_events)
+        return _run_engine_mode(
+            config, progress, events_path, keep_events=keep_events, on_start=on_start
+        )
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
     num_blocks, plan = resolve_num_blocks(config, cost_model)
@@ -108,6 +113,7 @@ def run(
     max_model_len = config.max_model_len or cost_model.model.max_model_len
     resolved = {
         "trace_path": str(trace_path),
+        "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
@@ -116,7 +122,7 @@ def run(
     }
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
-        events_path=events_path, keep_events=keep_events,
+        events_path=events_path, keep_events=keep_events, on_start=on_start,
     )  # fmt: skip
 
 
@@ -126,6 +132,7 @@ def _run_engine_mode(
     events_path: Path | None = None,
     *,
     keep_events: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     trace_path, trace = load_workload(config)
@@ -134,6 +141,7 @@ def _run_engine_mode(
     block_manager = llm.block_manager
     resolved: dict[str, Any] = {
         "trace_path": str(trace_path),
+        "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": block_manager.num_blocks,
         "max_model_len": scheduler.config.max_model_len,
@@ -157,6 +165,7 @@ def _run_engine_mode(
         prompt_tokens_of=tokens_of,
         events_path=events_path,
         keep_events=keep_events,
+        on_start=on_start,
     )
 
 
@@ -173,6 +182,7 @@ def simulate(
     prompt_tokens_of: Callable[[Request], Any] | None = None,
     events_path: Path | None = None,
     keep_events: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
     and BlockManager built from ``config``, ``num_blocks`` and ``max_model_len``)."""
@@ -226,7 +236,11 @@ def simulate(
         on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,
+        # an engine-mode step takes milliseconds to seconds: report each one
+        progress_every_steps=1 if config.mode == "engine" else PROGRESS_EVERY_STEPS,
     )
+    if on_start is not None:
+        on_start(len(trace.requests))
     try:
         result = sim.run(progress)
     finally:
@@ -235,6 +249,9 @@ def simulate(
     steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len, usage)
     requests = requests_frame(result, steps)
     events = events_frame(result) if not streamed else None
-    summary = summarize(result, requests, steps)
+    summary = summarize(
+        result, requests, steps,
+        closed_loop=config.concurrency is not None, measured=config.mode == "engine",
+    )  # fmt: skip
     marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

@@ -7,6 +7,7 @@ the simulation runs and keeps only the kinds the metrics need (``METRIC_KINDS``)
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 
 from engine import EventKind
 from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns
+from kvsim.errors import KvsimError
 
 EVENT_KIND_NAMES = [k.name for k in EventKind]
 # What requests_frame, summarize and the run plots read from the in-memory stream.
@@ -79,7 +81,7 @@ def exploded_table(cols: Columns, block_ids: np.ndarray) -> pa.Table:
     )
 
 
-class EventsWriteError(RuntimeError):
+class EventsWriteError(KvsimError, RuntimeError):
     """Writing events.parquet failed (the cause is chained)."""
 
 
@@ -134,6 +136,10 @@ class EventsParquetWriter:
         if self._thread.is_alive():
             self._pending.put(None)
             self._thread.join()
+        if self._error is not None and self._writer is not None:
+            with contextlib.suppress(Exception):  # the write error below is what matters
+                self._writer.close()  # release the file (a full disk keeps it open otherwise)
+            self._writer = None
         self._raise_if_failed()
         if self._writer is None:
             empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}

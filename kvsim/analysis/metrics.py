@@ -15,6 +15,13 @@ import pandas as pd
 from engine import EventKind, StepKind
 from kvsim.analysis.events_io import EVENT_KIND_NAMES, exploded_frame
 from kvsim.analysis.kv_breakdown import breakdown_means
+from kvsim.analysis.load import (
+    itl_samples,
+    overload,
+    rejections,
+    step_time_noise,
+    weighted_distribution,
+)
 from kvsim.sim.simulation import SimResult
 
 PERCENTILES = (50, 90, 99)
@@ -104,6 +111,16 @@ def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
         status[end_kind == code] = name
     generated = np.where(np.isnan(end_tokens), np.nan, end_tokens - prompt)
     finished = status == "finished"
+    output = np.fromiter((r.output_tokens for r in result.requests), np.int64, n)
+    reason = np.full(n, None, dtype=object)
+    reason[finished] = np.where(
+        generated[finished] < output[finished], "length (max_model_len reached)", "length"
+    )
+    reason[status == "aborted"] = "aborted (cancel_after_s elapsed)"
+    reason[status == "rejected"] = "rejected"
+    for rejected_id, why in result.reject_reasons.items():
+        if rejected_id < n:
+            reason[rejected_id] = why
     e2e = np.where(finished, finish_time - arrival, np.nan)
     ttft = first_token - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -116,11 +133,12 @@ def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
             "seq_id": np.arange(n, dtype=np.int64),
             "arrival_time_s": arrival,
             "prompt_tokens": prompt,
-            "output_tokens": np.fromiter((r.output_tokens for r in result.requests), np.int64, n),
+            "output_tokens": output,
             "generated_tokens": generated,
             "status": pd.Categorical(
                 status, categories=["finished", "aborted", "rejected", "unfinished"]
             ),
+            "finish_reason": pd.array(reason, dtype="string"),
             "admit_time_s": admit_time,
             "first_token_time_s": first_token,
             "finish_time_s": finish_time,
@@ -148,8 +166,17 @@ def _time_weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
     return float((values * weights).sum() / total) if total > 0 else 0.0
 
 
-def summarize(result: SimResult, requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
-    """summary.json. Shares are of all KV slots; time averages are weighted by step duration."""
+def summarize(
+    result: SimResult,
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    closed_loop: bool = False,
+    measured: bool = False,
+) -> dict[str, Any]:
+    """summary.json. Shares are of all KV slots; time averages are weighted by step duration.
+    ``closed_loop``: users wait for answers (never saturated); ``measured``: step times are
+    wall time (engine mode), so their noise is estimated."""
     total_slots = result.num_blocks * result.block_size
     finished = requests[requests["status"] == "finished"]
     # The run spans from time 0 (the trace's start) to the last thing that happened.
@@ -178,9 +205,12 @@ def summarize(result: SimResult, requests: pd.DataFrame, steps: pd.DataFrame) ->
         "throughput_requests_per_s": rate(len(finished)),
         "throughput_output_tokens_per_s": rate(output_tokens),
         "throughput_total_tokens_per_s": rate(output_tokens + prompt_tokens),
+        "total_prompt_tokens": int(prompt_tokens),
+        "total_output_tokens": int(output_tokens),
         "queueing_delay_s": _distribution(requests["queueing_delay_s"]),
         "ttft_s": _distribution(requests["ttft_s"]),
         "tpot_s": _distribution(requests["tpot_s"]),
+        "itl_s": weighted_distribution(*itl_samples(steps)),
         "e2e_latency_s": _distribution(finished["e2e_latency_s"]),
         "kv_usage_mean": _time_weighted_mean(usage, weights),
         "kv_usage_peak": float(usage.max()) if num_steps else 0.0,
@@ -190,6 +220,10 @@ def summarize(result: SimResult, requests: pd.DataFrame, steps: pd.DataFrame) ->
         "mean_batch_size": _time_weighted_mean(steps["num_seqs"].to_numpy(), weights),
         "max_batch_size": int(steps["num_seqs"].max()) if num_steps else 0,
         "busy_time_s": float(weights.sum()),
+        **overload(requests, duration, closed_loop=closed_loop),
+        "rejections": rejections(requests),
+        "timing": "measured wall time" if measured else "cost model",
+        "step_time_noise_cv": step_time_noise(steps) if measured else None,
         "wall_time_s": result.wall_time_s,
         "sim_requests_per_wall_s": len(requests) / result.wall_time_s
         if result.wall_time_s

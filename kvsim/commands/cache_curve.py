@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import Command, console, fail, say
 from kvsim.config import RunConfig, option_specs
 from kvsim.errors import KvsimError
 from workloads import WorkloadError
@@ -159,11 +159,9 @@ def cache_curve_command(
         soft_wrap=True,
     )
     if out is not None:
-        console.print(
-            f"wrote [bold]{out / 'curve.csv'}[/bold] and [bold]{out / 'curve.png'}[/bold]"
-        )
+        say("wrote ", out / "curve.csv", " and ", out / "curve.png")
 
 
 def register(app: typer.Typer) -> None:
     """Add ``kvsim cache-curve`` to ``app``."""
-    app.command("cache-curve")(cache_curve_command)
+    app.command("cache-curve", cls=Command)(cache_curve_command)

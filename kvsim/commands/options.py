@@ -17,15 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import click
 import typer
-from click.core import ParameterSource
 
 from kvsim.config import OptionSpec, RunConfig, option_specs
 
 Command = Literal["run", "sweep"]
 OPTIONS_PARAMETER = "options"  # the body's parameter that receives the given run options
-_NOT_GIVEN = (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+CONTEXT_PARAMETER = "_kvsim_context"  # the click context Typer passes (by its annotation)
+# Parameter sources that mean "not typed": by name, because Typer may bring its own click.
+_NOT_GIVEN = ("DEFAULT", "DEFAULT_MAP")
 
 
 def _offered(spec: OptionSpec, command: Command) -> bool:
@@ -118,21 +118,28 @@ def with_run_options(command: Command) -> Callable[[Callable[..., None]], Callab
 
         @functools.wraps(body)
         def command_function(**kwargs: Any) -> None:
-            context = click.get_current_context(silent=True)
+            # Typer passes its click context to the parameter annotated typer.Context; called
+            # as a plain function there is none, and the values given are those not None.
+            context = kwargs.pop(CONTEXT_PARAMETER, None)
             given = {}
             for name in names:
                 value = kwargs.pop(name)
                 if context is None:
                     user_gave = value is not None
                 else:
-                    user_gave = context.get_parameter_source(name) not in _NOT_GIVEN
+                    source = context.get_parameter_source(name)
+                    user_gave = source is not None and source.name not in _NOT_GIVEN
                 if user_gave:
                     given[name] = str(value) if name in paths else value
             body(**kwargs, **{OPTIONS_PARAMETER: given})
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        context_parameter = inspect.Parameter(
+            CONTEXT_PARAMETER, inspect.Parameter.KEYWORD_ONLY, default=None,
+            annotation=typer.Context,
+        )  # fmt: skip
         command_function.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            params[:at] + generated + params[at + 1 :]
+            [context_parameter, *params[:at], *generated, *params[at + 1 :]]
         )
         command_function.__annotations__ = {}  # Typer reads the signature above
         return command_function

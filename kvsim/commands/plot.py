@@ -8,41 +8,49 @@ exceptions into one red line and exit code 2.
 
 from __future__ import annotations
 
-from enum import Enum
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import Command, fail, say
 from kvsim.errors import KvsimError
 
-RunDir = Annotated[Path, typer.Argument(help="A run folder written by kvsim run.")]
+RunDir = Annotated[
+    Path, typer.Argument(metavar="RUN_DIR", help="A run folder written by kvsim run.")
+]
 FromOption = Annotated[
-    float | None, typer.Option("--from", help="Start of the time window (simulated s).")
-]
+    float | None,
+    typer.Option(
+        "--from", metavar="SECONDS", help="Start of the time window (simulated s).",
+        show_default="the start",
+    ),
+]  # fmt: skip
 ToOption = Annotated[
-    float | None, typer.Option("--to", help="End of the time window (simulated s).")
-]
+    float | None,
+    typer.Option(
+        "--to", metavar="SECONDS", help="End of the time window (simulated s).",
+        show_default="the end",
+    ),
+]  # fmt: skip
 
 
-class Picture(str, Enum):
-    """Pictures ``kvsim plot`` draws (the keys of kvsim.plots.PICTURES)."""
-
-    OCCUPANCY = "occupancy"
-    FREE_BLOCKS = "free-blocks"
-    KV_BREAKDOWN = "kv-breakdown"
-    GANTT = "gantt"
-    LATENCY = "latency"
-    BATCH = "batch"
+# The pictures ``kvsim plot`` draws (the keys of kvsim.plots.PICTURES; kept here so that
+# ``kvsim --help`` does not import matplotlib).
+PICTURE_NAMES = ("occupancy", "free-blocks", "kv-breakdown", "gantt", "latency", "batch")
+NO_EVENTS_HINT = "rerun it with kvsim run --config {run}/config.json to get them"
+# What a hand-edited table can make a picture raise; reported as one line naming the folder.
+DRAW_ERRORS = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 
 
 def _read(run_dir: Path, t_from: float | None, t_to: float | None) -> Any:
     """The run folder, after checking the window; any problem is one red line."""
+    for flag, value in (("--from", t_from), ("--to", t_to)):
+        if value is not None and not (0 <= value < math.inf):
+            fail(f"{flag} must be >= 0 and finite (seconds), got {value}")
     if t_from is not None and t_to is not None and t_to <= t_from:
         fail(f"--to ({t_to}) must be later than --from ({t_from})")
-    if t_from is not None and t_from < 0:
-        fail(f"--from must be >= 0, got {t_from}")
     from kvsim.outputs.run_folder import read_run
 
     try:
@@ -51,42 +59,89 @@ def _read(run_dir: Path, t_from: float | None, t_to: float | None) -> Any:
         fail(str(exc))
 
 
+def _needs_events(run: Any, what: str) -> None:
+    if run.events is None:
+        fail(
+            f"{run.path}: {what} needs events.parquet, which this run folder does not have "
+            f"(a sweep point without --events); {NO_EVENTS_HINT.format(run=run.path)}"
+        )
+
+
+def picture_names(what: list[str] | None) -> list[str] | None:
+    """``--what`` values, each a name or a comma-separated list of names (None: all)."""
+    if not what:
+        return None
+    names = [n.strip() for item in what for n in item.split(",")]
+    for name in names:
+        if name not in PICTURE_NAMES:
+            fail(f"--what: no picture named {name!r}; pictures: {', '.join(PICTURE_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
 def plot_command(
     run_dir: RunDir,
     what: Annotated[
-        list[Picture] | None,
-        typer.Option("--what", "-w", help="Picture to draw, repeat for several (default: all)."),
+        list[str] | None,
+        typer.Option(
+            "--what",
+            "-w",
+            metavar="NAME[,NAME...]",
+            help=f"Pictures to draw: {', '.join(PICTURE_NAMES)} (comma-separated or repeated).",
+            show_default="all",
+        ),
     ] = None,
     t_from: FromOption = None,
     t_to: ToOption = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Folder for the PNGs (default: RUN_DIR/plots)."),
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Folder for the PNGs.",
+            show_default="RUN_DIR/plots",
+        ),
     ] = None,
 ) -> None:
     """Draw pictures of a run as PNGs: occupancy map, free blocks, KV breakdown, Gantt chart,
     latency CDFs, batch size.
 
-    Reads RUN_DIR's tables, so any picture can be redrawn over any time window."""
-    from kvsim.plots import write_pictures
+    Reads RUN_DIR's tables, so any picture can be redrawn over any time window. A run folder
+    without events.parquet (a sweep point) gets the pictures that need no events."""
+    from kvsim.plots import NEEDS_EVENTS, write_pictures
 
+    names = picture_names(what)
     run = _read(run_dir, t_from, t_to)
-    names = [w.value for w in what] if what else None
+    for name in names or []:
+        if name in NEEDS_EVENTS:
+            _needs_events(run, f"the {name} picture")
     try:
         paths = write_pictures(run, out or run_dir / "plots", names, t_from=t_from, t_to=t_to)
     except (KvsimError, OSError) as exc:
         fail(str(exc))
+    except DRAW_ERRORS as exc:
+        fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
     for path in paths:
-        console.print(f"wrote [bold]{path}[/bold]")
+        say("wrote ", path)
+    if names is None and run.events is None:
+        say(
+            f"skipped {', '.join(NEEDS_EVENTS)}: no events.parquet; "
+            + NO_EVENTS_HINT.format(run=run_dir)
+        )
 
 
 def animate_command(
     run_dir: RunDir,
-    out: Annotated[Path, typer.Option("--out", "-o", help="blocks.gif, or .mp4 (needs ffmpeg).")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", metavar="FILE", help="blocks.gif, or .mp4 (needs ffmpeg)."),
+    ],
     t_from: FromOption = None,
     t_to: ToOption = None,
-    frames: Annotated[int, typer.Option(help="Frames, evenly spaced over the window.")] = 60,
-    fps: Annotated[int, typer.Option(min=1, max=60, help="Frames per second.")] = 10,
+    frames: Annotated[
+        int, typer.Option(min=1, max=10_000, metavar="N", help="Frames, evenly spaced.")
+    ] = 60,
+    fps: Annotated[int, typer.Option(min=1, max=60, metavar="FPS", help="Frames per second.")] = 10,
     by_request: Annotated[
         bool | None,
         typer.Option(
@@ -100,6 +155,7 @@ def animate_command(
     from kvsim.plots.animation import animate_occupancy
 
     run = _read(run_dir, t_from, t_to)
+    _needs_events(run, "kvsim animate")
     try:
         animate_occupancy(
             run.events,
@@ -114,13 +170,18 @@ def animate_command(
         )
     except (KvsimError, OSError) as exc:
         fail(str(exc))
-    console.print(f"wrote [bold]{out}[/bold] ({frames} frames)")
+    except DRAW_ERRORS as exc:
+        fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
+    say("wrote ", out, f" ({frames} frames)")
 
 
 def report_command(
     run_dir: RunDir,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="HTML file (default: RUN_DIR/report.html).")
+        Path | None,
+        typer.Option(
+            "--out", "-o", metavar="FILE", help="HTML file.", show_default="RUN_DIR/report.html"
+        ),
     ] = None,
     t_from: FromOption = None,
     t_to: ToOption = None,
@@ -135,25 +196,40 @@ def report_command(
         write_report(run, path, title=title, t_from=t_from, t_to=t_to)
     except (KvsimError, OSError) as exc:
         fail(str(exc))
-    console.print(f"wrote [bold]{path}[/bold]")
+    except DRAW_ERRORS as exc:
+        fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
+    say("wrote ", path)
 
 
 def export_trace_command(
     run_dir: RunDir,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Trace JSON (default: RUN_DIR/run.perfetto.json)."),
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Trace JSON.",
+            show_default="RUN_DIR/run.perfetto.json",
+        ),
     ] = None,
     t_from: FromOption = None,
     t_to: ToOption = None,
     max_requests: Annotated[
-        int | None, typer.Option(min=1, help="Keep only the first N requests in the window.")
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Keep only the first N requests in the window.",
+            show_default="all",
+        ),
     ] = None,
 ) -> None:
     """Export a Chrome trace-event JSON timeline for ui.perfetto.dev or chrome://tracing."""
     from kvsim.outputs.perfetto import build_trace, validate_trace, write_trace
 
     run = _read(run_dir, t_from, t_to)
+    _needs_events(run, "kvsim export-trace")
     path = out or run_dir / "run.perfetto.json"
     try:
         doc = build_trace(
@@ -167,13 +243,15 @@ def export_trace_command(
         )
         validate_trace(doc)
         write_trace(doc, path)
-    except (KvsimError, OSError, ValueError) as exc:
+    except (KvsimError, OSError) as exc:
         fail(str(exc))
-    console.print(f"wrote [bold]{path}[/bold] ({len(doc['traceEvents']):,} trace events)")
+    except DRAW_ERRORS as exc:
+        fail(f"{run_dir}: cannot build its timeline (edited by hand?): {type(exc).__name__}: {exc}")
+    say("wrote ", path, f" ({len(doc['traceEvents']):,} trace events)")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plot")(plot_command)
-    app.command("animate")(animate_command)
-    app.command("report")(report_command)
-    app.command("export-trace")(export_trace_command)
+    app.command("plot", cls=Command)(plot_command)
+    app.command("animate", cls=Command)(animate_command)
+    app.command("report", cls=Command)(report_command)
+    app.command("export-trace", cls=Command)(export_trace_command)

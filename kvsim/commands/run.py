@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from engine import EngineError
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import Command, console, fail
 from kvsim.commands.options import with_run_options
+from kvsim.commands.summary import print_summary
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
@@ -24,9 +30,34 @@ USER_ERRORS = (KvsimError, WorkloadError, EngineError)
 Opt = typer.Option
 
 
-def default_out(trace: str) -> Path:
-    stem = Path(trace).stem or "run"
-    return Path("runs") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+def default_out(trace: str, folder: str = "runs") -> Path:
+    """``runs/<trace>-<timestamp>``, with ``-2``, ``-3``, ... if that is taken already."""
+    stem = Path(trace).stem or folder.rstrip("s")
+    base = Path(folder) / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    out, n = base, 1
+    while os.path.lexists(out):
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def out_path(out: str | None, trace: str, folder: str) -> Path:
+    """The ``--out`` folder (refusing an empty one), or the default under ``folder``."""
+    if out is None:
+        return default_out(trace, folder)
+    if not out.strip():
+        fail("--out is empty: name the folder to write, e.g. --out runs/mine")
+    if "\x00" in out:
+        fail("--out must not contain a NUL character")
+    return Path(out)
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for a file-system error: the file and what went wrong."""
+    where = str(exc.filename) if exc.filename is not None else ""
+    if len(where) > 200:  # a path too long to use is too long to print whole
+        where = f"{where[:120]}...{where[-40:]} ({len(where):,} characters)"
+    return f"{where}: {exc.strerror}" if where and exc.strerror else str(exc)
 
 
 @with_run_options("run")
@@ -34,21 +65,35 @@ def run_command(
     trace: Annotated[
         str | None,
         typer.Argument(
+            metavar="TRACE",
             help="Trace file (.json/.jsonl/.csv) or shipped trace name",
             show_default=DEFAULT_TRACE_NAME,
         ),
     ] = None,
     config_file: Annotated[
         Path | None,
-        Opt("--config", help="Re-run a run folder's config.json (other options override it)"),
+        Opt(
+            "--config",
+            metavar="FILE",
+            help="Re-run a run folder's config.json (other options override it)",
+        ),
     ] = None,
     options: dict[str, Any] | None = None,
     gpu_spec: Annotated[
-        Path | None, Opt(help="GPU spec JSON file instead of a preset (same as --gpu FILE)")
+        Path | None,
+        Opt(metavar="FILE", help="GPU spec JSON file instead of a preset (same as --gpu FILE)"),
     ] = None,
     out: Annotated[
-        Path | None, Opt(help="Run folder", show_default="runs/<trace>-<timestamp>")
+        str | None,
+        Opt(
+            help="Run folder to create (an existing one only with --force)",
+            metavar="DIR",
+            show_default="runs/<trace>-<timestamp>",
+        ),
     ] = None,
+    force: Annotated[
+        bool, Opt("--force", help="Replace the --out folder if it holds an earlier kvsim run")
+    ] = False,
     no_plots: Annotated[bool, Opt("--no-plots", help="Skip the PNG plots")] = False,
 ) -> None:
     """Simulate a trace through the engine's BlockManager and Scheduler; write a run folder."""
@@ -62,28 +107,24 @@ def run_command(
             config = RunConfig.load(config_file).replace(**given)
         else:
             config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
-        out_dir = out or default_out(config.trace)
-        result = _run_and_write(config, out_dir, plots=not no_plots)
+        out_dir = out_path(out, config.trace, "runs")
+        result = _run_and_write(config, out_dir, plots=not no_plots, force=force)
     except USER_ERRORS as exc:
         fail(str(exc))
-    _print_summary(result.summary, out_dir)
+    except OSError as exc:
+        fail(os_error_message(exc))
+    print_summary(result.summary, out_dir, config.allocator)
 
 
-def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool) -> Any:
-    """Run with the events streamed to a temporary file beside the run folder (so memory stays
-    bounded), then write the folder; the temporary file never outlives a failure."""
-    from kvsim.outputs.run_folder import write_run
+def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool) -> Any:
+    """Run with the events streamed into the temporary run folder (so memory stays bounded),
+    write the rest there and swap it into place; a failure or an interrupt leaves nothing."""
+    from kvsim.atomic import output_folder
+    from kvsim.outputs.run_folder import RUN_FOLDER, write_run_files
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{out_dir.name}.events-", suffix=".parquet",
-                                dir=out_dir.parent)  # fmt: skip
-    os.close(fd)
-    events_path = Path(name)
-    try:
-        result = _run_with_progress(config, events_path)
-        write_run(result, out_dir, plots=plots)
-    finally:
-        events_path.unlink(missing_ok=True)
+    with output_folder(out_dir, RUN_FOLDER, force=force) as tmp:
+        result = _run_with_progress(config, tmp / "events.parquet")
+        write_run_files(result, tmp, plots=plots)
     return result
 
 
@@ -93,61 +134,25 @@ def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
     with Progress(
         TextColumn("[bold]simulating[/bold]"),
         BarColumn(),
-        TextColumn(
-            "{task.fields[sim_s]:>10.1f} s simulated  {task.completed:>8,.0f} requests done"
-        ),
+        MofNCompleteColumn(),
+        TextColumn("requests  {task.fields[sim_s]:>10.1f} s simulated"),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,  # nothing on stdout but the results when piped
     ) as bar:
         task = bar.add_task("run", total=None, sim_s=0.0)
+
+        def start(total: int) -> None:
+            bar.update(task, total=total)
 
         def progress(sim_s: float, done: int) -> None:
             bar.update(task, completed=done, sim_s=sim_s)
 
-        return run(config, progress, events_path)
-
-
-def _fmt(value: Any, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.3f}{unit}"
-    return f"{value:,}{unit}"
-
-
-def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
-    from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
-
-    table = Table(title="kvsim run", show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [
-        ("requests (finished / rejected / aborted)",
-         f"{s['num_requests']:,} ({s['num_finished']:,} / {s['num_rejected']:,} / "
-         f"{s['num_aborted']:,})"),
-        ("KV pool", f"{s['num_blocks']:,} blocks x {s['block_size']} tokens"),
-        ("simulated time", _fmt(s["sim_duration_s"], " s")),
-        ("throughput", f"{s['throughput_requests_per_s']:.2f} req/s, "
-                       f"{s['throughput_output_tokens_per_s']:,.0f} output tok/s"),
-        ("TTFT p50 / p99", f"{_fmt(s['ttft_s']['p50'])} / {_fmt(s['ttft_s']['p99'])} s"),
-        ("TPOT p50 / p99", f"{_fmt(s['tpot_s']['p50'])} / {_fmt(s['tpot_s']['p99'])} s"),
-        ("end-to-end p50 / p99",
-         f"{_fmt(s['e2e_latency_s']['p50'])} / {_fmt(s['e2e_latency_s']['p99'])} s"),
-        ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
-        ("internal fragmentation (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
-        ("KV tokens / reserved / int. / ext. frag / free",
-         " / ".join(f"{s[k]:.1%}" for k in BREAKDOWN_FIELDS)),
-        ("preemptions", f"{s['num_preemptions']:,}"),
-        ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
-        ("simulator wall time",
-         f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
-    ]  # fmt: skip
-    for name, value in rows:
-        table.add_row(name, value)
-    console.print(table)
-    console.print(f"run folder: [bold]{out_dir}[/bold]")
+        return run(config, progress, events_path, on_start=start)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(run_command)
+    app.command("run", cls=Command)(run_command)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,36 +9,39 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import Command, console, fail, plain, say
 from kvsim.commands.options import with_run_options
-from kvsim.commands.run import USER_ERRORS
+from kvsim.commands.run import USER_ERRORS, os_error_message, out_path
 from kvsim.config import RunConfig
 from workloads import DEFAULT_TRACE_NAME
 
 Opt = typer.Option
 
 
-def default_out(trace: str) -> Path:
-    stem = Path(trace).stem or "sweep"
-    return Path("sweeps") / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-
-
 @with_run_options("sweep")
 def sweep_command(
     trace: Annotated[
         str | None,
-        typer.Argument(help="Trace file or shipped trace name", show_default=DEFAULT_TRACE_NAME),
+        typer.Argument(
+            metavar="TRACE",
+            help="Trace file or shipped trace name",
+            show_default=DEFAULT_TRACE_NAME,
+        ),
     ] = None,
     param: Annotated[
         list[str] | None,
-        Opt(help="Sweep any run option: name=v1,v2,... (repeatable), e.g. max_num_seqs=64,128"),
+        Opt(
+            metavar="NAME=V1,V2,...",
+            help="Sweep any run option (repeatable), e.g. max_num_seqs=64,128",
+        ),
     ] = None,
     kv_slots: Annotated[
         int | None,
         Opt(help="Hold this many KV slots: num_blocks = slots / block size", metavar="SLOTS"),
     ] = None,
     config_file: Annotated[
-        Path | None, Opt("--config", help="Base run options from a run folder's config.json")
+        Path | None,
+        Opt("--config", metavar="FILE", help="Base run options from a run folder's config.json"),
     ] = None,
     options: dict[str, Any] | None = None,
     slo_ttft: Annotated[
@@ -48,15 +50,30 @@ def sweep_command(
     slo_tpot: Annotated[
         float | None, Opt(help="Rate sweep SLO: TPOT bound", metavar="SECONDS")
     ] = None,
-    slo_percentile: Annotated[int, Opt(help="Percentile the SLO applies to: 50, 90 or 99")] = 99,
-    jobs: Annotated[int | None, Opt(help="Parallel points", show_default="the CPU count")] = None,
-    executor: Annotated[str, Opt(help="process (local pool), serial, or ray")] = "process",
+    slo_percentile: Annotated[
+        int, Opt(metavar="50|90|99", help="Percentile the SLO applies to")
+    ] = 99,
+    jobs: Annotated[
+        int | None, Opt(metavar="N", help="Parallel points", show_default="the CPU count")
+    ] = None,
+    executor: Annotated[
+        str, Opt(metavar="NAME", help="process (local pool), serial, or ray")
+    ] = "process",
     address: Annotated[
-        str | None, Opt(help="Ray cluster address", show_default="a local Ray")
+        str | None,
+        Opt(metavar="HOST:PORT", help="Ray cluster address", show_default="a local Ray"),
     ] = None,
     out: Annotated[
-        Path | None, Opt(help="Sweep folder", show_default="sweeps/<trace>-<time>")
+        str | None,
+        Opt(
+            help="Sweep folder to create (an existing one only with --force)",
+            metavar="DIR",
+            show_default="sweeps/<trace>-<timestamp>",
+        ),
     ] = None,
+    force: Annotated[
+        bool, Opt("--force", help="Replace the --out folder if it holds an earlier kvsim sweep")
+    ] = False,
     events: Annotated[
         bool,
         Opt(
@@ -96,17 +113,19 @@ def sweep_command(
         if dry_run:
             _print_points(spec)
             return
-        out_dir = out or default_out(base.trace)
-        result = _run_with_progress(spec, out_dir, executor, jobs, address)
+        out_dir = out_path(out, base.trace, "sweeps")
+        result = _run_with_progress(spec, out_dir, executor, jobs, address, force)
     except USER_ERRORS as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     console.print(
         f"{len(result.table)} points in {result.wall_s:.1f} s, {result.num_failed} failed"
     )
-    console.print(f"sweep folder: [bold]{out_dir}[/bold] (report.html, report.md, sweep.csv)")
-    console.print(f"reproduce: {shlex.join(result.command)}", soft_wrap=True, highlight=False)
+    say("sweep folder: ", out_dir, " (report.html, report.md, sweep.csv)")
+    say("reproduce: ", shlex.join(result.command))
     if result.report_error:
-        console.print(f"[red]the report failed:[/red] {result.report_error}", highlight=False)
+        say("the report failed: ", result.report_error, style="red")
     if result.num_failed or result.report_error:
         raise typer.Exit(1)  # the sweep folder is written; some points (or the report) failed
 
@@ -121,13 +140,13 @@ def _print_points(spec: Any) -> None:
         table.add_column(column)
     for p in spec.points():
         blocks = "planned" if p.config.num_blocks is None else f"{p.config.num_blocks:,}"
-        table.add_row(str(p.index), p.label, str(p.config.block_size), blocks)
+        table.add_row(str(p.index), plain(p.label), str(p.config.block_size), blocks)
     console.print(table)
-    console.print(f"reproduce: {shlex.join(command_line(spec))}", soft_wrap=True, highlight=False)
+    say("reproduce: ", shlex.join(command_line(spec)))
 
 
 def _run_with_progress(
-    spec: Any, out: Path, executor: str, jobs: int | None, address: str | None
+    spec: Any, out: Path, executor: str, jobs: int | None, address: str | None, force: bool
 ) -> Any:
     from kvsim.sweep.execute import PointOutcome, run_sweep
 
@@ -135,10 +154,11 @@ def _run_with_progress(
         TextColumn("[bold]sweep[/bold]"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("points  {task.fields[failed]} failed  {task.fields[last]}"),
+        TextColumn("points  {task.fields[failed]} failed  {task.fields[last]}", markup=False),
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,  # nothing on stdout but the results when piped
     ) as bar:
         task = bar.add_task("sweep", total=spec.num_points, failed=0, last="")
         failed = 0
@@ -149,14 +169,13 @@ def _run_with_progress(
             label = outcome.row.get("label", "")
             bar.update(task, advance=1, failed=failed, last=f"done: {label}")
             if not outcome.ok:
-                bar.console.print(
-                    f"[red]point {label} failed:[/red] {outcome.error}", highlight=False
-                )
+                say(f"point {label} failed: {outcome.error}", style="red")
 
         return run_sweep(
-            spec, out, executor=executor, jobs=jobs, address=address, on_point=on_point
-        )
+            spec, out, executor=executor, jobs=jobs, address=address, on_point=on_point,
+            force=force,
+        )  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sweep")(sweep_command)
+    app.command("sweep", cls=Command)(sweep_command)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import Command, console, fail, plain, say
 from workloads import (
     DEFAULT_TRACE_NAME,
     IMPORTERS,
@@ -48,18 +48,30 @@ class ImportFormat(str, Enum):
 
 
 OutOption = Annotated[
-    Path, typer.Option("-o", "--out", help="Trace file to write: .jsonl, .json or .csv.")
+    Path,
+    typer.Option("-o", "--out", metavar="FILE", help="Trace file to write: .jsonl, .json or .csv."),
 ]
-RateOption = Annotated[float | None, typer.Option(help="Mean arrival rate, requests/s (required).")]
+RateOption = Annotated[
+    float | None, typer.Option(metavar="REQ/S", help="Mean arrival rate, requests/s (required).")
+]
 ArrivalOption = Annotated[
     ArrivalKind | None,
-    typer.Option(help="Inter-arrival distribution: poisson (exponential gaps) or gamma."),
+    typer.Option(
+        help="Inter-arrival distribution: poisson (exponential gaps) or gamma.",
+        show_default="poisson",
+    ),
 ]
 CvOption = Annotated[
     float | None,
-    typer.Option(help="Gamma inter-arrival CV (std/mean): 1 like Poisson, > 1 bursty."),
+    typer.Option(
+        metavar="CV",
+        help="Gamma inter-arrival CV (std/mean): 1 like Poisson, > 1 bursty.",
+        show_default="1",
+    ),
 ]
-SeedOption = Annotated[int | None, typer.Option(help="Random seed (default 0).")]
+SeedOption = Annotated[
+    int | None, typer.Option(metavar="INT", help="Random seed.", show_default="0")
+]
 
 
 @contextlib.contextmanager
@@ -84,17 +96,22 @@ def gen(
     arrival: ArrivalOption = None,
     cv: CvOption = None,
     duration: Annotated[
-        float | None, typer.Option(help="Generate all arrivals in this many seconds.")
+        float | None,
+        typer.Option(metavar="SECONDS", help="Generate all arrivals in this many seconds."),
     ] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Generate exactly N requests.")] = None,
+    num_requests: Annotated[
+        int | None, typer.Option(metavar="N", help="Generate exactly N requests.")
+    ] = None,
     prompt: Annotated[
-        str, typer.Option(help=f"Prompt length SPEC: {SPEC_HELP}.")
+        str, typer.Option(metavar="SPEC", help=f"Prompt length SPEC: {SPEC_HELP}.")
     ] = _DEFAULT_LENGTHS,
     output: Annotated[
-        str, typer.Option(help="Output length SPEC, same syntax as --prompt.")
+        str, typer.Option(metavar="SPEC", help="Output length SPEC, same syntax as --prompt.")
     ] = _DEFAULT_LENGTHS,
     seed: SeedOption = None,
-    name: Annotated[str | None, typer.Option(help="Trace name (default: file stem).")] = None,
+    name: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Trace name.", show_default="the file stem")
+    ] = None,
 ) -> None:
     """Write a synthetic trace: seeded arrivals (poisson or gamma) and token lengths from SPECs.
 
@@ -121,7 +138,7 @@ def gen(
         )
         save_trace(trace, out)
     last = trace.requests[-1].arrival_time_s
-    console.print(f"wrote {len(trace)} requests over {last:.1f} s to {out}", soft_wrap=True)
+    say(f"wrote {len(trace)} requests over {last:.1f} s to ", out)
 
 
 def _import_options(
@@ -163,22 +180,29 @@ def import_trace(
     fmt: Annotated[ImportFormat, typer.Argument(metavar="FORMAT", help="Source format.")],
     file: Annotated[Path, typer.Argument(metavar="FILE", help="Source trace file.")],
     out: OutOption,
-    name: Annotated[str | None, typer.Option(help="Trace name (default: output stem).")] = None,
+    name: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Trace name.", show_default="the output stem")
+    ] = None,
     limit: Annotated[
-        int | None, typer.Option(help="Keep only the first N requests (by arrival).")
+        int | None,
+        typer.Option(metavar="N", help="Keep only the first N requests (by arrival)."),
     ] = None,
     max_duration: Annotated[
         float | None,
-        typer.Option(help="Keep only requests arriving within S seconds of the first."),
+        typer.Option(
+            metavar="SECONDS", help="Keep only requests arriving within S seconds of the first."
+        ),
     ] = None,
     rate: Annotated[
-        float | None, typer.Option(help="lengths (required): mean arrival rate, requests/s.")
+        float | None,
+        typer.Option(metavar="REQ/S", help="lengths (required): mean arrival rate, requests/s."),
     ] = None,
     arrival: ArrivalOption = None,
     cv: CvOption = None,
     seed: SeedOption = None,
     num_requests: Annotated[
-        int | None, typer.Option(help="lengths: use the first N usable rows (default all).")
+        int | None,
+        typer.Option(metavar="N", help="lengths: use the first N usable rows.", show_default="all"),
     ] = None,
 ) -> None:
     """Convert a public trace (azure, mooncake, lengths, burstgpt) to a kvsim trace file.
@@ -193,10 +217,9 @@ def import_trace(
         if limit is not None or max_duration is not None:
             trace = truncate(trace, max_requests=limit, max_duration_s=max_duration)
         save_trace(trace, out)
-    console.print(
+    say(
         f"imported {len(trace)} requests from {result.num_rows} rows of {file} "
-        f"({_dropped_text(result)}) to {out}",
-        soft_wrap=True,
+        f"({_dropped_text(result)}) to {out}"
     )
 
 
@@ -205,7 +228,7 @@ def _stats_tables(stats: dict[str, Any]) -> tuple[Table, Table]:
         return "-" if value is None else format(value, fmt)
 
     overview = Table(show_header=False)
-    overview.add_row("trace", stats["name"])
+    overview.add_row("trace", plain(stats["name"]))
     overview.add_row("requests", f"{stats['num_requests']:,}")
     overview.add_row("duration", f"{stats['duration_s']:,.1f} s")
     overview.add_row("mean rate", number(stats["mean_rate_per_s"], ".3f") + " req/s")
@@ -230,11 +253,15 @@ def _stats_tables(stats: dict[str, Any]) -> tuple[Table, Table]:
 def info(
     trace: Annotated[
         str,
-        typer.Argument(help="Trace file (.jsonl, .json, .csv) or the name of a shipped trace."),
+        typer.Argument(
+            metavar="TRACE", help="Trace file (.jsonl, .json, .csv) or the name of a shipped trace."
+        ),
     ] = DEFAULT_TRACE_NAME,
     as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
 ) -> None:
     """Show a trace's statistics: count, duration, rate, burstiness, token lengths."""
+    if "\x00" in trace:
+        fail("TRACE must not contain a NUL character")
     with _bad_input():
         stats = trace_stats(load_trace(resolve_trace(trace)))
     if as_json:
@@ -246,6 +273,7 @@ def info(
 
 def register(app: typer.Typer) -> None:
     """Add the trace commands to ``app``."""
-    app.command("gen")(gen)
-    app.command("import")(import_trace)
-    app.command("info", epilog=f"Shipped traces: {', '.join(shipped_trace_names())}.")(info)
+    app.command("gen", cls=Command)(gen)
+    app.command("import", cls=Command)(import_trace)
+    shipped = ", ".join(shipped_trace_names())
+    app.command("info", epilog=f"Shipped traces: {shipped}.", cls=Command)(info)

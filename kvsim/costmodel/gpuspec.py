@@ -13,9 +13,11 @@ from kvsim.costmodel.specio import (
     CostModelError,
     check_keys,
     nonempty_str,
+    path_exists,
     positive_float,
     positive_int,
     read_json_object,
+    shown,
 )
 
 _MIB = 1 << 20
@@ -121,7 +123,7 @@ def resolve_gpu(name_or_path: str | Path) -> GPUSpec:
     key = str(name_or_path)
     if key in GPU_PRESETS:
         return GPU_PRESETS[key]
-    if Path(name_or_path).exists():
+    if path_exists(name_or_path):
         return load_gpu_spec(name_or_path)
     presets = ", ".join(GPU_PRESETS)
-    raise CostModelError(f"unknown gpu {key!r}: not a preset ({presets}) and no such file")
+    raise CostModelError(f"unknown gpu {shown(key)}: not a preset ({presets}) and no such file")

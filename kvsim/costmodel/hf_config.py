@@ -9,7 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvsim.costmodel.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
-from kvsim.costmodel.specio import CostModelError, positive_int, read_json_object
+from kvsim.costmodel.specio import (
+    CostModelError,
+    path_exists,
+    positive_int,
+    read_json_object,
+    shown,
+)
 
 # vLLM's dtype="auto" serves float32 checkpoints in 16-bit, and configs without a dtype are served
 # in float16, so the serving width is 2 bytes for every common value.
@@ -32,7 +38,9 @@ def _dtype_bytes(config: dict[str, object], source: str) -> int:
             continue
         if not isinstance(value, str) or value not in _DTYPE_BYTES:
             known = ", ".join(sorted(_DTYPE_BYTES))
-            raise CostModelError(f"{source}: key {key!r} must be one of {known}, got {value!r}")
+            raise CostModelError(
+                f"{source}: key {key!r} must be one of {known}, got {shown(value)}"
+            )
         return _DTYPE_BYTES[value]
     return 2
 
@@ -78,7 +86,7 @@ def model_spec_from_hf_config(
     tie = config.get("tie_word_embeddings", is_opt)
     if not isinstance(tie, bool):
         raise CostModelError(
-            f"{source}: key 'tie_word_embeddings' must be true or false, got {tie!r}"
+            f"{source}: key 'tie_word_embeddings' must be true or false, got {shown(tie)}"
         )
     if num_heads % num_kv_heads != 0:
         raise CostModelError(
@@ -125,9 +133,9 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     if key in MODEL_PRESETS:
         return MODEL_PRESETS[key]
     path = Path(name_or_path)
-    if path.exists():
+    if path_exists(path):
         return model_spec_from_hf_config(path)
     presets = ", ".join(MODEL_PRESETS)
     raise CostModelError(
-        f"unknown model {key!r}: not a preset ({presets}) and no such config.json or folder"
+        f"unknown model {shown(key)}: not a preset ({presets}) and no such config.json or folder"
     )

@@ -105,7 +105,7 @@ def write_curve_folder(
         import matplotlib.pyplot as plt
 
         plt.close(fig)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, check_out_folder) as tmp:
         (tmp / CURVE_CSV).write_bytes(curve_csv(curve.rows))
         (tmp / CURVE_PNG).write_bytes(image)
     return out

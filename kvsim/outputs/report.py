@@ -15,7 +15,8 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from kvsim.plots import PICTURES, RunTables, draw, png_bytes
+from kvsim.analysis.load import warnings
+from kvsim.plots import NEEDS_EVENTS, PICTURES, RunTables, draw, has_events, png_bytes
 from kvsim.plots._common import write_output
 
 CAPTIONS = {
@@ -37,11 +38,13 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #edf2f7; } .tables { display: flex; gap: 2em; flex-wrap: wrap; }
 img { max-width: 100%; border: 1px solid #e2e8f0; } figcaption { color: #4a5568; }
 footer { margin-top: 2em; color: #718096; font-size: 0.8em; }
+.warn { background: #fffaf0; border-left: 4px solid #dd6b20; padding: 0.4em 0.8em; }
 """
 DISTRIBUTIONS = (
     ("queueing delay", "queueing_delay_s"),
     ("TTFT", "ttft_s"),
     ("TPOT", "tpot_s"),
+    ("ITL", "itl_s"),
     ("end-to-end", "e2e_latency_s"),
 )
 
@@ -88,8 +91,14 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             f"{_fmt(s['throughput_requests_per_s'])} req/s, "
             f"{_fmt(s['throughput_output_tokens_per_s'])} output tok/s",
         ),
+        (
+            "tokens of finished requests",
+            f"{_fmt(s.get('total_prompt_tokens'))} in, {_fmt(s.get('total_output_tokens'))} out",
+        ),
         ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
-        ("internal fragmentation (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
+        ("KV allocated, not yet filled (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
+        ("saturated", _fmt(s.get("saturated"))),
+        ("timing", _fmt(s.get("timing", "cost model"))),
         ("preemptions", _fmt(s["num_preemptions"])),
         (
             "mean running / mean batch / max batch",
@@ -101,9 +110,13 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def latency_rows(s: dict[str, Any]) -> list[tuple[str, ...]]:
-    """(name, mean, p50, p90, p99) rows, in seconds."""
+    """(name, mean, p50, p90, p99) rows, in milliseconds."""
+
+    def ms(value: Any) -> str:
+        return "-" if not isinstance(value, (int, float)) else f"{value * 1000:,.1f}"
+
     return [
-        (name, *(_fmt((s.get(key) or {}).get(q)) for q in ("mean", "p50", "p90", "p99")))
+        (name, *(ms((s.get(key) or {}).get(q)) for q in ("mean", "p50", "p90", "p99")))
         for name, key in DISTRIBUTIONS
     ]
 
@@ -133,7 +146,9 @@ def build_report(
     ``pngs`` maps picture names to PNG bytes already drawn (e.g. a run folder's plots/), so
     they are embedded instead of drawn again."""
     figures = []
-    for name in names or list(PICTURES):
+    if names is None:
+        names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
+    for name in names:
         if pngs is not None and name in pngs:
             data = base64.b64encode(pngs[name]).decode("ascii")
         else:
@@ -148,6 +163,7 @@ def build_report(
     if t_from is not None or t_to is not None:
         window = f"<p>Pictures over {_fmt(t_from or 0.0)} s to {_fmt(t_to)} s.</p>"
     options = _options_rows(run)
+    notes = warnings(run.summary)
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -155,9 +171,10 @@ def build_report(
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
             f"<h1>{html.escape(title)}</h1>",
             window,
+            "".join(f'<p class="warn">{html.escape(n)}</p>' for n in notes),
             '<div class="tables"><div><h2>Summary</h2>',
             _table(summary_rows(run.summary)),
-            "<h2>Latency (s)</h2>",
+            "<h2>Latency (ms)</h2>",
             _table(latency_rows(run.summary), ("", "mean", "p50", "p90", "p99")),
             "</div>",
             ("<div><h2>Options</h2>" + _table(options) + "</div>") if options else "",

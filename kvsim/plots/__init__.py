@@ -23,7 +23,15 @@ from kvsim.plots.compare import (
 from kvsim.plots.occupancy_map import owner_image, plot_occupancy, plot_occupancy_grid
 from kvsim.plots.pool import plot_block_pool, pool_frame
 from kvsim.plots.requests import plot_gantt, plot_latency_cdfs, select_requests
-from kvsim.plots.standard import PICTURES, RunTables, draw, write_pictures, write_run_plots
+from kvsim.plots.standard import (
+    NEEDS_EVENTS,
+    PICTURES,
+    RunTables,
+    draw,
+    has_events,
+    write_pictures,
+    write_run_plots,
+)
 from kvsim.plots.timeseries import (
     breakdown_shares,
     plot_batch_size,
@@ -34,11 +42,13 @@ from kvsim.plots.timeseries import (
 __all__ = [
     "COLORS",
     "MAX_POINTS",
+    "NEEDS_EVENTS",
     "PICTURES",
     "RunTables",
     "breakdown_shares",
     "breakdown_table",
     "draw",
+    "has_events",
     "owner_image",
     "plot_batch_size",
     "plot_block_pool",

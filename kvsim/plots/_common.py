@@ -35,6 +35,18 @@ COLORS = {
 }
 
 
+MAX_LABEL_CHARS = 24  # a request id can be any length; a tick label cannot
+
+
+def text_label(value: object, max_chars: int = MAX_LABEL_CHARS) -> str:
+    """``value`` as plain text for a tick label or legend: one line, cut to ``max_chars``
+    (ending in an ellipsis), ``$`` escaped so that matplotlib never reads it as mathtext."""
+    text = " ".join(str(value).split())
+    if len(text) > max_chars:
+        text = text[: max_chars - 1] + "\u2026"
+    return text.replace("$", r"\$")
+
+
 def thin(frame: pd.DataFrame, max_points: int = MAX_POINTS) -> pd.DataFrame:
     """At most ``max_points`` rows of ``frame``, evenly spaced, first and last kept."""
     if len(frame) <= max_points:

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from kvsim.analysis.occupancy import STATES, request_states
-from kvsim.plots._common import COLORS, empty_note, set_time_limits
+from kvsim.plots._common import COLORS, empty_note, set_time_limits, text_label
 
 LATENCIES = (
     ("queueing_delay_s", "queueing delay (s)"),
@@ -140,6 +140,6 @@ def _label_rows(ax: Axes, shown: np.ndarray, requests: pd.DataFrame | None) -> N
     labels = [str(s) for s in shown]
     if requests is not None:
         ids = requests.set_index("seq_id")["request_id"]
-        labels = [str(ids.get(s, s)) for s in shown]
+        labels = [text_label(ids.get(s, s)) for s in shown]
     ax.set_yticks(np.arange(len(shown)), labels, fontsize="x-small")
     ax.set_ylabel("request")

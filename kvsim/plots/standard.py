@@ -26,6 +26,9 @@ PICTURES = {
     "latency": "latency_cdfs.png",
     "batch": "batch_size.png",
 }
+# Pictures drawn from the event stream; the others need only the steps and requests tables
+# (a run folder without events.parquet, e.g. a sweep point, still gets those).
+NEEDS_EVENTS = ("occupancy", "gantt")
 
 
 class RunTables(Protocol):
@@ -44,6 +47,11 @@ def gantt_default_seq_ids(requests: pd.DataFrame, n: int = MAX_GANTT_REQUESTS) -
     preempted = np.flatnonzero(requests["num_preemptions"].to_numpy() > 0)
     start = max(0, int(preempted[0]) - n // 4) if len(preempted) else 0
     return np.asarray(seq_ids[start : start + n])
+
+
+def has_events(run: RunTables) -> bool:
+    """Whether ``run`` has its event stream, in memory or in a file."""
+    return run.events is not None or getattr(run, "events_path", None) is not None
 
 
 def run_events(run: RunTables) -> pd.DataFrame:
@@ -65,10 +73,9 @@ def draw(
     window_given = t_from is not None or t_to is not None
     if name == "occupancy":
         return plot_occupancy(run_events(run), num_blocks, t_from=t_from, t_to=t_to, end_s=end_s)
-    if name == "free-blocks":
-        return plot_free_blocks(
-            run.steps, run_events(run), num_blocks=num_blocks, t_from=t_from, t_to=t_to
-        )
+    if name == "free-blocks":  # preemptions and rejections marked when the events are there
+        events = run_events(run) if has_events(run) else None
+        return plot_free_blocks(run.steps, events, num_blocks=num_blocks, t_from=t_from, t_to=t_to)
     if name == "kv-breakdown":
         total_slots = num_blocks * int(s["block_size"])
         return plot_kv_breakdown(run.steps, total_slots, t_from=t_from, t_to=t_to)
@@ -98,11 +105,13 @@ def write_pictures(
     t_from: float | None = None,
     t_to: float | None = None,
 ) -> list[Path]:
-    """Draw ``names`` (default all of ``PICTURES``) as PNGs into ``folder``, each written
-    atomically; return their paths."""
+    """Draw ``names`` (default all of ``PICTURES``, less those that need events when ``run``
+    has none) as PNGs into ``folder``, each written atomically; return their paths."""
+    if names is None:
+        names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
     return [
         save_png(draw(run, name, t_from=t_from, t_to=t_to), Path(folder) / PICTURES[name])
-        for name in names or list(PICTURES)
+        for name in names
     ]
 
 

@@ -84,10 +84,31 @@ class EngineExecutor:
         return time.perf_counter() - start, tokens
 
 
+def check_device(device: str) -> None:
+    """Raise ``ConfigError`` unless torch can use ``device`` (cpu, cuda, cuda:N)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+        raise ConfigError(
+            f"--device {device}: no CUDA device is available (torch {torch.__version__} is "
+            f"{built}); use --device cpu"
+        )
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"--device {device}: there are {torch.cuda.device_count()} CUDA devices (0 to "
+            f"{torch.cuda.device_count() - 1})"
+        )
+
+
 def build_llm(config: RunConfig) -> LLMEngine:
     """The LLMEngine for ``config`` (model preset or checkpoint folder, device, dtype)."""
     from engine import LLMEngine
 
+    check_device(config.device)
     if config.threads is not None:
         from kvsim.sim.engine_timing import pin_threads
 

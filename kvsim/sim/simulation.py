@@ -16,6 +16,7 @@ is identical to the plain Scheduler's (tests check this).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import operator
@@ -62,6 +63,8 @@ class SimResult:
     step_num_running: np.ndarray
     sim_end_s: float
     wall_time_s: float
+    # Why each rejected request was rejected (the engine's Sequence.finish_reason), by seq_id.
+    reject_reasons: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -95,6 +98,7 @@ class Simulation:
         on_events_chunk: ChunkCallback | None = None,
         keep_block_ids: bool = True,
         keep_kinds: Iterable[EventKind] | None = None,
+        progress_every_steps: int = PROGRESS_EVERY_STEPS,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
@@ -102,7 +106,8 @@ class Simulation:
         ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file).
         The recorder keeps block ids only with ``keep_block_ids`` (else each event's first
         one), and only the events of ``keep_kinds`` if given (what the chunk consumers have
-        already accounted for need not stay in memory)."""
+        already accounted for need not stay in memory). ``progress`` (of ``run``) is called
+        every ``progress_every_steps`` steps and at the end."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment()
@@ -134,8 +139,10 @@ class Simulation:
         self._durations = array("d")
         self._filled = array("q")
         self._running = array("q")
-        self._next_progress = PROGRESS_EVERY_STEPS
+        self._progress_every = progress_every_steps
+        self._next_progress = progress_every_steps
         self._decode_step_time: Callable[[int, int, int], float] | None = None
+        self._reject_reasons: dict[int, str] = {}
 
     @property
     def submitted(self) -> list[Request]:
@@ -230,6 +237,9 @@ class Simulation:
                 if not sched.has_unfinished():
                     continue
             out = sched.schedule()
+            if out.rejected:
+                for seq in out.rejected:
+                    self._reject_reasons[seq.seq_id] = seq.finish_reason or "rejected"
             if out.is_empty:
                 for seq in sched.update(out, []):
                     self._finish(seq.seq_id)
@@ -303,7 +313,7 @@ class Simulation:
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and len(self._durations) >= self._next_progress:
-            self._next_progress += PROGRESS_EVERY_STEPS
+            self._next_progress += self._progress_every
             progress(self.env.now, self._num_done)
 
     def run(self, progress: Progress | None = None) -> SimResult:
@@ -337,4 +347,5 @@ class Simulation:
             step_num_running=np.frombuffer(self._running, dtype=np.int64).copy(),
             sim_end_s=float(env.now),
             wall_time_s=wall,
+            reject_reasons=self._reject_reasons,
         )

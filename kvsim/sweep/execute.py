@@ -10,12 +10,16 @@ end (kvsim.atomic), so an interrupted sweep leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import multiprocessing
 import os
+import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -23,15 +27,28 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from kvsim.atomic import atomic_dir
+from kvsim.atomic import FolderKind, deferred_signals, output_folder
 from kvsim.config import RunConfig
 from kvsim.sweep.spec import SweepError, SweepPoint, SweepSpec, command_line
 from kvsim.sweep.table import SweepResult, failed_row, point_row, rows_frame
 
 EXECUTORS = ("process", "serial", "ray")
+# A point failing with one of these stops the sweep: the disk, not the point, is at fault.
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 FORMAT_VERSION = 1
+# What kvsim writes in a sweep folder; sweep.json's ``kvsim_sweep`` field marks one.
+SWEEP_FOLDER = FolderKind(
+    what="sweep folder",
+    marker_file="sweep.json",
+    marker_key="kvsim_sweep",
+    entries=frozenset(
+        {"sweep.json", "sweep.csv", "sweep.parquet", "report.md", "report.html",
+         "report_error.txt", "plots", "points"}
+    ),
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -53,16 +70,21 @@ class PointOutcome:
 
 
 def run_point(
-    index: int, values: dict[str, Any], options: dict[str, Any], events: bool
+    index: int,
+    values: dict[str, Any],
+    options: dict[str, Any],
+    events: bool,
+    scratch: str | None = None,
 ) -> PointOutcome:
-    """Simulate one point (``options``: its RunConfig as a dict) and return its outcome."""
+    """Simulate one point (``options``: its RunConfig as a dict) and return its outcome. Its
+    files are made in a temporary folder under ``scratch`` (default: the system's)."""
     from kvsim.outputs.run_folder import write_run
     from kvsim.runner import run
 
     point = SweepPoint(index, values, RunConfig.from_dict(options))
     start = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="kvsim-point-", dir=scratch) as tmp:
             # Events stream to disk while the point runs, so memory stays bounded; without
             # --events they are not written at all (tens of millions of rows at block size 1).
             result = run(point.config, None, Path(tmp) / "events.parquet", keep_events=events)
@@ -70,6 +92,13 @@ def run_point(
             files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
         row = point_row(point, result, time.perf_counter() - start)
         return PointOutcome(index, row, files)
+    except OSError as exc:
+        if exc.errno in OUT_OF_SPACE:  # every other point would fail the same way
+            raise
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return PointOutcome(
+            index, failed_row(point, error), error=error, details=traceback.format_exc()
+        )
     except Exception as exc:  # a failing point is reported; the sweep goes on
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return PointOutcome(
@@ -79,7 +108,7 @@ def run_point(
 
 # --- executors -----------------------------------------------------------------------------
 
-Task = tuple[int, dict[str, Any], dict[str, Any], bool]
+Task = tuple[int, dict[str, Any], dict[str, Any], bool, str | None]
 OnDone = Callable[[PointOutcome], None]
 
 
@@ -91,29 +120,74 @@ def _serial(tasks: list[Task], on_done: OnDone) -> None:
 def _pool_context() -> multiprocessing.context.BaseContext:
     # forkserver: workers fork from a clean, single-threaded server that imported kvsim once.
     if sys.platform.startswith("linux"):
+        from multiprocessing import forkserver
+
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(
             ["kvsim.sweep.execute", "kvsim.runner", "kvsim.outputs.run_folder"]
         )
+        # Started with SIGINT ignored, which the server and its workers inherit: Ctrl-C goes
+        # to the whole process group, and only the driver should act on it (the server would
+        # print a KeyboardInterrupt traceback while it imports kvsim).
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                forkserver.ensure_running()
+            finally:
+                signal.signal(signal.SIGINT, previous)
         return ctx
     return multiprocessing.get_context("spawn")
 
 
+def _worker_signals() -> None:
+    """In a pool worker: Ctrl-C (sent to the whole process group) is the driver's to handle;
+    SIGTERM, which the driver sends to stop a worker, unwinds it so that its temporary
+    folder is removed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_workers(workers: list[multiprocessing.process.BaseProcess]) -> None:
+    """Stop ``workers`` now (SIGTERM, then SIGKILL after 10 s): the pool's shutdown() alone
+    lets each finish the point it is running, which may take minutes."""
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    for worker in workers:
+        worker.join(10)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
 def _process_pool(tasks: list[Task], on_done: OnDone, jobs: int) -> None:
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=_pool_context())
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(tasks)), mp_context=_pool_context(), initializer=_worker_signals
+    )
     try:
-        futures = {pool.submit(run_point, *task): task for task in tasks}
+        # Submitting starts the workers (waiting for the server's imports, seconds): an interrupt
+        # in the middle of starting one would leave it running, unknown to the pool.
+        with deferred_signals():
+            futures = {pool.submit(run_point, *task): task for task in tasks}
         for future in as_completed(futures):
             try:
                 outcome = future.result()
             except BrokenProcessPool as exc:
-                index, values, options, _ = futures[future]
+                index, values, options, _, _ = futures[future]
                 point = SweepPoint(index, values, RunConfig.from_dict(options))
                 error = f"worker process died (out of memory?): {exc}"
                 outcome = PointOutcome(index, failed_row(point, error), error=error)
             on_done(outcome)
-    except BaseException:  # Ctrl-C or a driver error: start nothing more
+    except BaseException:  # Ctrl-C, SIGTERM or a driver error: stop every point now
+        # _processes is private but stable since Python 3.2 (3.14 adds terminate_workers());
+        # shutdown() forgets it, so it is read first.
+        workers = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(workers)
         raise
     pool.shutdown()
 
@@ -195,18 +269,23 @@ def run_sweep(
     address: str | None = None,
     on_point: Callable[[PointOutcome], None] | None = None,
     report: bool = True,
+    force: bool = False,
 ) -> SweepResult:
-    """Run every point of ``spec`` and write the sweep folder ``out`` (replaced atomically):
+    """Run every point of ``spec`` and write the sweep folder ``out`` atomically:
     points/<NNN_...>/ (a run folder each, or error.txt), sweep.csv, sweep.parquet, sweep.json,
-    report.md, report.html and plots/."""
+    report.md, report.html and plots/. ``out`` must not exist, or be a sweep folder kvsim
+    wrote, replaced only with ``force`` (else ``kvsim.atomic.OutputError``, before any point
+    runs)."""
     points = spec.points()
-    jobs = jobs or default_jobs()
-    if jobs < 1:
-        raise SweepError(f"jobs must be >= 1, got {jobs}")
+    jobs = default_jobs() if jobs is None else jobs
+    if type(jobs) is not int or jobs < 1:
+        raise SweepError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    if executor not in EXECUTORS:  # before the folder: nothing to clean up
+        raise SweepError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     command = command_line(spec)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
-    with atomic_dir(out) as tmp:
+    with output_folder(Path(out), SWEEP_FOLDER, force=force) as tmp:
         _write_json(tmp / "sweep.json", _describe(spec, command))
 
         def done(outcome: PointOutcome) -> None:
@@ -216,10 +295,24 @@ def run_sweep(
             if on_point is not None:
                 on_point(outcome)
 
-        tasks = [
-            (p.index, p.values, p.config.to_dict(), spec.events) for p in _slowest_first(points)
+        # Local points make their files inside the sweep's temporary folder, so that nothing
+        # outlives an interrupt; Ray workers may be on other machines and use their own.
+        scratch = None if executor == "ray" else tmp / ".scratch"
+        if scratch is not None:
+            scratch.mkdir()
+        tasks: list[Task] = [
+            (
+                p.index,
+                p.values,
+                p.config.to_dict(),
+                spec.events,
+                None if scratch is None else str(scratch),
+            )
+            for p in _slowest_first(points)
         ]
         execute(tasks, done, executor=executor, jobs=jobs, address=address)
+        if scratch is not None:
+            shutil.rmtree(scratch)
         table = rows_frame(rows, spec)
         table.to_csv(tmp / "sweep.csv", index=False)
         table.to_parquet(tmp / "sweep.parquet", index=False)

@@ -21,6 +21,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from kvsim.plots._common import text_label
+
 BREAKDOWN = (
     ("kv_token_state_share_mean", "token states", "#2b6cb0"),
     ("kv_reservation_share_mean", "reservation", "#63b3ed"),
@@ -62,7 +64,8 @@ def _series(table: pd.DataFrame, layout: Layout) -> list[tuple[str, pd.DataFrame
     out = []
     for key, group in ok.groupby(list(layout.series), sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        out.append((", ".join(f"{n}={v}" for n, v in zip(layout.series, key)), group))
+        name = ", ".join(f"{n}={v}" for n, v in zip(layout.series, key))
+        out.append((text_label(name, 60), group))
     return out
 
 
@@ -70,7 +73,7 @@ def _x_values(table: pd.DataFrame, layout: Layout) -> tuple[dict[Any, float], bo
     """Position of each x value, whether the axis is log2, and the tick values."""
     if layout.x is None:
         return {None: 0.0}, False, [None]
-    values = list(dict.fromkeys(table[layout.x].tolist()))
+    values = [v for v in dict.fromkeys(table[layout.x].tolist()) if not pd.isna(v)]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if not numeric:
         return {v: float(i) for i, v in enumerate(values)}, False, values
@@ -87,7 +90,7 @@ def _setup_x(ax: Axes, table: pd.DataFrame, layout: Layout) -> dict[Any, float]:
     pos, log, ticks = _x_values(table, layout)
     if log:
         ax.set_xscale("log", base=2)
-    ax.set_xticks([pos[v] for v in ticks], [str(v) if v is not None else "" for v in ticks])
+    ax.set_xticks([pos[v] for v in ticks], [text_label(v) if v is not None else "" for v in ticks])
     ax.minorticks_off()
     ax.set_xlabel(layout.xlabel)
     ax.grid(alpha=0.3)
@@ -184,7 +187,7 @@ def plot_memory(table: pd.DataFrame, layout: Layout) -> Figure:
     )
     for ax, (name, group) in zip(axes.flat, series):
         group = group.sort_values(layout.x) if layout.x else group
-        ticks = [str(v) for v in group[layout.x]] if layout.x else ["point"]
+        ticks = [text_label(v) for v in group[layout.x]] if layout.x else ["point"]
         x = np.arange(len(group))
         bottom = np.zeros(len(group))
         for column, label, color in BREAKDOWN:
@@ -228,8 +231,13 @@ def plot_slo(
             ax.axhline(bound, color="#c53030", linestyle=":")
             slo = f" (SLO {bound:g} s, dotted)"
         ax.set_title(f"p{percentile} {title}{slo}")
-        ax.set_ylabel("seconds")
-    return _finish(fig, axes)
+        ax.set_ylabel("seconds (log)")
+    _finish(fig, axes)
+    for ax in axes:  # latencies past saturation grow by orders of magnitude
+        ax.set_yscale("log")
+        ax.relim()
+        ax.autoscale_view()
+    return fig
 
 
 def sweep_figures(

@@ -18,8 +18,16 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvsim.sweep.compare import (
+    Comparison,
+    best_by_rate,
+    labelled,
+    recommended_block_sizes,
+    saturated,
+    value_text,
+)
 from kvsim.sweep.plots import sweep_figures
-from kvsim.sweep.table import Best, SweepResult, best_points, max_rates
+from kvsim.sweep.table import SweepResult, max_rates
 
 CAPTIONS = {
     "throughput": "Throughput: finished requests and generated tokens per simulated second.",
@@ -31,7 +39,7 @@ CAPTIONS = {
     "tokens still to come, internal fragmentation (held, never used), external fragmentation "
     "(free holes too small for the waiting request) and free.",
     "batch": "Batch size per step and preemptions.",
-    "slo": "Latency at the SLO percentile against the request rate; dotted: the SLO.",
+    "slo": "Latency at the SLO percentile against the request rate (log scale); dotted: the SLO.",
 }
 # Columns of the points table: (sweep.csv column, heading, format).
 POINT_COLUMNS = (
@@ -72,11 +80,14 @@ def _fmt(value: Any, fmt: str) -> str:
 def _points_rows(table: pd.DataFrame, axes: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
     head = ["#", *axes, "status", *(h for _, h, _ in POINT_COLUMNS)]
     rows = []
-    for _, r in table.iterrows():
+    sat = saturated(table)
+    for i, r in table.iterrows():
         status = str(r["status"])
+        if sat[i]:
+            status += ", saturated"
         if "slo_met" in table:
             status += ", SLO met" if r["slo_met"] else ", SLO missed"
-        cells = [str(r["point"]), *(str(r[a]) for a in axes), status]
+        cells = [str(r["point"]), *(value_text(a, r[a]) for a in axes), status]
         cells += [_fmt(r.get(c), f) for c, _, f in POINT_COLUMNS]
         rows.append(cells)
     return head, rows
@@ -100,7 +111,10 @@ def _memory_note(result: SweepResult) -> str:
 def _facts(result: SweepResult) -> list[str]:
     t, spec = result.table, result.spec
     failed = result.num_failed
-    axes = ", ".join(f"{n} ∈ {{{', '.join(map(str, v))}}}" for n, v in spec.axes) or "none"
+    axes = (
+        ", ".join(f"{n} ∈ {{{', '.join(value_text(n, x) for x in v)}}}" for n, v in spec.axes)
+        or "none"
+    )
     return [
         f"Trace: {spec.base.trace}; {spec.base.model} on {spec.base.tp} x {spec.base.gpu}.",
         f"{len(t)} points ({failed} failed); swept: {axes}.",
@@ -121,7 +135,7 @@ def _slo_lines(result: SweepResult) -> list[str]:
     lines = [f"SLO: {bounds}."]
     rates = max_rates(result.table, spec)
     for _, r in rates.iterrows():
-        who = ", ".join(f"{k}={r[k]}" for k in rates.columns if k != "max_rate")
+        who = labelled({k: r[k] for k in rates.columns if k != "max_rate"})
         rate = r["max_rate"]
         verdict = (
             f"highest rate meeting the SLO: {rate:g} requests/s"
@@ -142,17 +156,38 @@ def write_report(result: SweepResult, folder: Path) -> None:
     (folder / "plots").mkdir(exist_ok=True)
     for name, data in pngs.items():
         (folder / "plots" / f"{name}.png").write_bytes(data)
-    best = best_points(result.table)
+    best = best_by_rate(result.table, spec)
     command = shlex.join(result.command)
     (folder / "report.md").write_text(_markdown(result, best, pngs, command), encoding="utf-8")
     (folder / "report.html").write_text(_html(result, best, pngs, command), encoding="utf-8")
 
 
-def _markdown(result: SweepResult, best: list[Best], pngs: dict[str, bytes], command: str) -> str:
+def _best_lines(best: list[Comparison]) -> list[tuple[str, str, str]]:
+    """(group heading, objective, point and value) rows; a group's note as a row too."""
+    rows = []
+    for c in best:
+        head = f"at {labelled(c.group)}" if c.group else ""
+        if c.note is not None:
+            rows.append((head, "", c.note))
+        rows += [(head, b.objective, f"{b.label} ({b.value})") for b in c.best]
+    return rows
+
+
+def _markdown(
+    result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], command: str
+) -> str:
     out = [f"# kvsim sweep: {result.spec.base.trace}", ""]
     out += [f"- {line}" for line in _facts(result)]
-    out += ["", "## Reproduce", "", "```sh", command, "```", "", "## Best points", ""]
-    out += [f"- **{b.objective}**: {b.label} ({b.value})" for b in best] or ["No point succeeded."]
+    out += ["", "## Reproduce", "", "```sh", command, "```", ""]
+    recommended = recommended_block_sizes(result.table, result.spec)
+    if recommended:
+        out += ["## Recommended block size", "", *(f"- {line}" for line in recommended), ""]
+    out += ["## Best points", ""]
+    best_rows = _best_lines(best)
+    out += [
+        f"- {head + ': ' if head else ''}" + (f"**{what}**: {text}" if what else text)
+        for head, what, text in best_rows
+    ] or ["No point succeeded."]
     slo = _slo_lines(result)
     if slo:
         out += ["", "## Rate sweep", "", *(f"- {line}" for line in slo)]
@@ -188,7 +223,7 @@ tr.failed td{background:#fff5f5}.err{color:#c53030}ul.best li{margin:2px 0}
 """
 
 
-def _html(result: SweepResult, best: list[Best], pngs: dict[str, bytes], command: str) -> str:
+def _html(result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], command: str) -> str:
     e = html.escape
     title = f"kvsim sweep: {result.spec.base.trace}"
     out = [
@@ -199,10 +234,20 @@ def _html(result: SweepResult, best: list[Best], pngs: dict[str, bytes], command
         "</ul>",
         "<h2>Reproduce</h2>",
         f"<pre><code>{e(command)}</code></pre>",
-        "<h2>Best points</h2><ul class=best>",
     ]
-    out += [f"<li><b>{e(b.objective)}</b>: {e(b.label)} ({e(b.value)})</li>" for b in best]
-    out += ["</ul>" if best else "<li>No point succeeded.</li></ul>"]
+    recommended = recommended_block_sizes(result.table, result.spec)
+    if recommended:
+        out += ["<h2>Recommended block size</h2><ul>"]
+        out += [f"<li>{e(line)}</li>" for line in recommended] + ["</ul>"]
+    out.append("<h2>Best points</h2><ul class=best>")
+    best_rows = _best_lines(best)
+    out += [
+        f"<li>{e(head) + ': ' if head else ''}"
+        + (f"<b>{e(what)}</b>: {e(text)}" if what else e(text))
+        + "</li>"
+        for head, what, text in best_rows
+    ]
+    out += ["</ul>" if best_rows else "<li>No point succeeded.</li></ul>"]
     slo = _slo_lines(result)
     if slo:
         out += ["<h2>Rate sweep</h2><ul>", *(f"<li>{e(x)}</li>" for x in slo), "</ul>"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import types
 import typing
@@ -72,8 +73,8 @@ class SweepSpec:
             )
         for name in ("slo_ttft_s", "slo_tpot_s"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise SweepError(f"{name} must be > 0, got {value!r}")
+            if value is not None and not 0 < value < math.inf:
+                raise SweepError(f"{name} must be a finite number > 0, got {value!r}")
         if self.kv_slots is not None:
             if type(self.kv_slots) is not int or self.kv_slots < 1:
                 raise SweepError(f"kv_slots must be a positive integer, got {self.kv_slots!r}")

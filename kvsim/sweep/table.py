@@ -38,7 +38,17 @@ SUMMARY_COLUMNS = (
     "mean_batch_size",
     "max_batch_size",
     "mean_running_seqs",
+    "saturated",
+    "offered_rate_per_s",
+    "served_rate_per_s",
 )
+# Integer columns: written as integers (no "16.0" where a failed point leaves a gap).
+INT_COLUMNS = (
+    "block_size", "num_blocks", "kv_slots", "max_num_seqs", "max_num_batched_tokens",
+    "max_model_len", "tp", "concurrency", "seed", "num_requests", "num_finished",
+    "num_rejected", "num_aborted", "num_unfinished", "num_preemptions", "num_steps",
+    "max_batch_size",
+)  # fmt: skip
 # Columns that measure the simulator, not the simulated system: they differ between runs.
 WALL_COLUMNS = ("sim_wall_s", "point_wall_s")
 
@@ -115,9 +125,18 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
     columns = [*fixed, *config, *metrics, *WALL_COLUMNS, "folder"]
     frame = pd.DataFrame(sorted(rows, key=lambda r: r["point"]))
     frame = frame.reindex(columns=columns)
+    for column in INT_COLUMNS:
+        if column in frame and _integral(frame[column]):
+            frame[column] = frame[column].astype("Int64")
     if spec.has_slo:
         frame.insert(4, "slo_met", slo_met(frame, spec))
     return frame
+
+
+def _integral(column: pd.Series) -> bool:
+    values = pd.to_numeric(column, errors="coerce")
+    given = values.dropna()
+    return bool(values.notna().sum() == column.notna().sum() and (given % 1 == 0).all())
 
 
 def slo_met(frame: pd.DataFrame, spec: SweepSpec) -> pd.Series:

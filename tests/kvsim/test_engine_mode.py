@@ -3,6 +3,7 @@
 import pytest
 
 from engine import LLMEngine, SamplingParams
+from kvsim.analysis.load import warnings
 from kvsim.config import RunConfig
 from kvsim.runner import run
 from kvsim.sim.engine_mode import PromptTokens, prompt_token_ids
@@ -58,6 +59,13 @@ def test_engine_mode_runs_every_request_to_its_output_length(tiny_trace):
     assert (steps["time_s"].diff().dropna() > 0).all()
     assert result.summary["num_blocks"] == 64
     assert result.events[result.events["kind"] == "FREE"]["block_id"].nunique() > 0
+    # the summary says its latencies are measurements, and how noisy (docs/metrics.md)
+    assert result.summary["timing"] == "measured wall time"
+    noise = result.summary["step_time_noise_cv"]
+    assert noise is None or noise >= 0
+    assert any(
+        w.startswith("engine mode: latencies are measured") for w in warnings(result.summary)
+    )
 
 
 def test_engine_mode_generates_what_the_llm_engine_generates(tiny_trace):

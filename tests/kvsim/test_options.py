@@ -83,11 +83,11 @@ def test_given_options_reach_config_json_and_others_keep_the_config_file(
 def test_sweep_reproduce_command_uses_the_derived_flags() -> None:
     result = kvsim(
         "sweep", "--dry-run", "--block-size", "8,32", "--think-time", "1",
-        "--concurrency", "4", "--param", "threads=1,2",
+        "--concurrency", "4", "--param", "watermark=0,0.05",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     line = next(t for t in result.output.splitlines() if t.startswith("reproduce:"))
     assert "--think-time 1.0" in line
     assert "--concurrency 4" in line
     assert "--block-size 8,32" in line
-    assert "--param threads=1,2" in line
+    assert "--param watermark=0.0,0.05" in line

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import kvsim.plots
+from kvsim.atomic import OutputError
 from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import RunFolderError, read_run, write_run
 from kvsim.runner import RunResult, run
@@ -57,14 +58,27 @@ def test_summary_json_is_strict_json(short_run: RunResult, tmp_path: Path) -> No
     assert summary["kv_usage_mean"] is None  # NaN is written as null
 
 
-def test_writing_into_an_existing_folder_replaces_it(short_run: RunResult, tmp_path: Path) -> None:
+def test_force_replaces_an_earlier_run_folder(short_run: RunResult, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    (out / "plots").mkdir(parents=True)
-    (out / "stale.txt").write_text("from an older run")
+    write_run(short_run, out, plots=True)
     (out / "plots" / "old.png").write_bytes(b"old")
-    write_run(short_run, out, plots=False)
+    with pytest.raises(OutputError, match="--force replaces it"):
+        write_run(short_run, out, plots=False)
+    write_run(short_run, out, plots=False, force=True)
     assert entries(out) == FILES
-    assert entries(tmp_path) == {"run"}  # no temporary or old folder left beside it
+    assert entries(tmp_path) == {"run"}  # no temporary, old folder or lock left beside it
+
+
+def test_a_folder_kvsim_did_not_write_is_never_replaced(
+    short_run: RunResult, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="not a kvsim run folder"):
+        write_run(short_run, out, plots=False, force=True)
+    assert entries(out) == {"notes.txt"}
+    assert entries(tmp_path) == {"run"}
 
 
 def test_plots_and_report_are_written_into_the_folder(short_run: RunResult, tmp_path: Path) -> None:
@@ -103,7 +117,7 @@ def test_a_failed_write_keeps_the_previous_folder(
 
     monkeypatch.setattr(pd.DataFrame, "to_parquet", failing_parquet)
     with pytest.raises(OSError, match="disk full"):
-        write_run(short_run, out, plots=False)
+        write_run(short_run, out, plots=False, force=True)
     assert entries(tmp_path) == {"run"}
     assert {name: (out / name).read_bytes() for name in FILES} == before
 

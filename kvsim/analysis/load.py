@@ -1,0 +1,182 @@
+"""Whether a run's numbers mean what they seem to: overload (arrivals outpacing service),
+rejections by reason, inter-token latency, and how noisy measured step times are.
+
+Definitions: docs/metrics.md ("Overload", "Rejections", "ITL", "Timing"). Everything here is
+computed from requests.parquet and steps.parquet.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Overload is not judged on fewer requests than this (a handful proves nothing).
+MIN_REQUESTS_FOR_OVERLOAD = 20
+# Decode steps of one batch size, at least this many, to estimate the noise of step times.
+MIN_STEPS_PER_BATCH_SIZE = 5
+
+
+def _waiting_at(requests: pd.DataFrame, t: float) -> int:
+    """Requests arrived by ``t`` and not yet admitted, rejected or aborted from the queue."""
+    arrival = requests["arrival_time_s"].to_numpy(dtype=float)
+    admit = requests["admit_time_s"].to_numpy(dtype=float)
+    end = requests["finish_time_s"].to_numpy(dtype=float)
+    left = np.isnan(admit) & requests["status"].isin(["rejected", "aborted"]).to_numpy()
+    left &= end <= t
+    return int((arrival <= t).sum() - (admit <= t).sum() - left.sum())
+
+
+def overload(requests: pd.DataFrame, sim_end_s: float, *, closed_loop: bool) -> dict[str, Any]:
+    """``saturated`` and the numbers behind it (docs/metrics.md, "Overload").
+
+    Over the arrival window (first to last arrival, cut at the run's end), an open-loop run is
+    saturated when the requests waiting for admission at the window's end are more than twice
+    those waiting a quarter of the way in, at least 10, and at least half a service time's
+    worth of arrivals (offered rate x median service time): the queue grows through the run,
+    so latencies measure how long the run lasted, not the engine. A closed loop never is:
+    its users wait for their answers before sending more."""
+    arrival = np.sort(requests["arrival_time_s"].to_numpy(dtype=float))
+    finished = requests[requests["status"] == "finished"]
+    service = (finished["e2e_latency_s"] - finished["queueing_delay_s"]).to_numpy(dtype=float)
+    service_p50 = float(np.median(service)) if len(service) else None
+    out: dict[str, Any] = {
+        "saturated": False,
+        "offered_rate_per_s": None,
+        "served_rate_per_s": None,
+        "waiting_at_quarter_of_arrivals": None,
+        "waiting_at_last_arrival": None,
+        "service_time_p50_s": service_p50,
+        "queueing_share_of_ttft": _queueing_share(requests),
+    }
+    if len(arrival) < 2:
+        return out
+    start, end = float(arrival[0]), min(float(arrival[-1]), sim_end_s)
+    if sim_end_s > start:
+        out["served_rate_per_s"] = len(finished) / (sim_end_s - start)
+    if closed_loop or len(arrival) < MIN_REQUESTS_FOR_OVERLOAD or end <= start:
+        return out
+    offered = int((arrival <= end).sum()) / (end - start)
+    at_quarter = _waiting_at(requests, start + (end - start) / 4)
+    at_end = _waiting_at(requests, end)
+    out.update(
+        offered_rate_per_s=offered,
+        waiting_at_quarter_of_arrivals=at_quarter,
+        waiting_at_last_arrival=at_end,
+    )
+    threshold = max(10.0, 2 * at_quarter + 1, offered * (service_p50 or 0.0) / 2)
+    out["saturated"] = bool(at_end >= threshold)
+    return out
+
+
+def _queueing_share(requests: pd.DataFrame) -> float | None:
+    """Median queueing delay over median TTFT, for the last quarter of arrivals that got a
+    first token: near 1 when TTFT is mostly waiting in the queue."""
+    got = requests.dropna(subset=["ttft_s"]).sort_values("arrival_time_s", kind="stable")
+    last = got.iloc[-max(1, len(got) // 4) :] if len(got) else got
+    ttft = float(last["ttft_s"].median()) if len(last) else 0.0
+    if not ttft > 0:
+        return None
+    return float(last["queueing_delay_s"].median()) / ttft
+
+
+def rejections(requests: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rejected requests by reason, most common first: ``reason`` is the engine's reason with
+    the numbers that differ between those requests written N (``prompt of N tokens exceeds
+    max_model_len 4096``), ``count`` how many, ``example`` the first one's own reason."""
+    rejected = requests.loc[requests["status"] == "rejected", "finish_reason"].astype(str)
+    groups: dict[str, list[list[str]]] = {}
+    for why in rejected:
+        parts = _NUMBER.split(why)  # text, number, text, number, ..., text
+        groups.setdefault(_NUMBER.sub("N", why), []).append(parts)
+    out = []
+    for members in groups.values():
+        first = members[0]
+        merged = [
+            part if i % 2 == 0 or all(m[i] == part for m in members) else "N"
+            for i, part in enumerate(first)
+        ]
+        out.append({"reason": "".join(merged), "count": len(members), "example": "".join(first)})
+    return sorted(out, key=lambda e: -e["count"])
+
+
+_NUMBER = re.compile(r"(\d[\d,._]*)")
+
+
+def itl_samples(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Inter-token latencies (s) and their weights: for each decode step after the first, the
+    time from the end of the previous decode step to its end, once for each sequence in its
+    batch (every running sequence decodes in every decode step; prefills in between stall
+    them all)."""
+    decode = steps[steps["kind"].astype(str) == "decode"]
+    ends = (decode["time_s"] + decode["duration_s"]).to_numpy(dtype=float)
+    if len(ends) < 2:
+        return np.empty(0), np.empty(0)
+    return np.diff(ends), decode["num_seqs"].to_numpy(dtype=float)[1:]
+
+
+def weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
+    """``{mean, p50, p90, p99}`` of ``values`` counted ``weights`` times each (the inverted
+    CDF: the smallest value with at least p% of the weight at or below it)."""
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if not len(values):
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    order = np.argsort(values, kind="stable")
+    values, weights = values[order], weights[order]
+    cumulative = np.cumsum(weights) / weights.sum()
+    out: dict[str, float | None] = {"mean": float(np.average(values, weights=weights))}
+    for p in (50, 90, 99):
+        at = min(int(np.searchsorted(cumulative, p / 100 - 1e-12)), len(values) - 1)
+        out[f"p{p}"] = float(values[at])
+    return out
+
+
+def step_time_noise(steps: pd.DataFrame) -> float | None:
+    """The noise of measured step times: the coefficient of variation (std / mean) of the
+    duration of decode steps of one batch size, averaged over batch sizes with at least
+    ``MIN_STEPS_PER_BATCH_SIZE`` steps (weighted by their counts); None if there are none."""
+    decode = steps[steps["kind"].astype(str) == "decode"]
+    groups = decode.groupby("num_seqs")["duration_s"]
+    stats = groups.agg(["count", "mean", "std"])
+    stats = stats[(stats["count"] >= MIN_STEPS_PER_BATCH_SIZE) & (stats["mean"] > 0)]
+    if stats.empty:
+        return None
+    cv = stats["std"] / stats["mean"]
+    return float(np.average(cv, weights=stats["count"]))
+
+
+def warnings(summary: dict[str, Any]) -> list[str]:
+    """What a reader of ``summary`` must know before trusting its numbers, one line each:
+    overload, rejections and measured (noisy) timing. Empty when there is nothing to say."""
+    out = []
+    if summary.get("saturated"):
+        out.append(
+            "saturated: arrivals outpace service (offered "
+            f"{summary['offered_rate_per_s']:.2f} req/s, served "
+            f"{summary['served_rate_per_s']:.2f} req/s; "
+            f"{summary['waiting_at_last_arrival']:,} requests waiting at the last arrival, "
+            f"{summary['waiting_at_quarter_of_arrivals']:,} a quarter of the way in): latencies "
+            "grow with the trace's length and measure the queue, not the engine; lower --rate "
+            "or add capacity"
+        )
+    rejected = summary.get("rejections") or []
+    if rejected:
+        total = sum(r["count"] for r in rejected)
+        top = "; ".join(f"{r['count']:,} x {r['reason']}" for r in rejected[:3])
+        more = f"; {len(rejected) - 3} more reasons" if len(rejected) > 3 else ""
+        out.append(f"{total:,} rejected: {top}{more}")
+    if summary.get("timing") == "measured wall time":
+        cv = summary.get("step_time_noise_cv")
+        noise = (
+            f"decode steps of one batch size vary by {cv:.0%} (coefficient of variation)"
+            if cv is not None
+            else "too few steps to estimate their noise"
+        )
+        out.append(
+            "engine mode: latencies are measured wall time of this machine's steps; "
+            f"{noise}; a rerun gives other times (the same schedule of tokens)"
+        )
+    return out

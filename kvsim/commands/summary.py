@@ -1,0 +1,79 @@
+"""The terminal summary of ``kvsim run``: counts, throughput, latencies in ms, KV memory, and
+the warnings that say when the numbers mean less than they seem."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from kvsim.commands.console import console, plain, say
+
+LATENCIES = (
+    ("TTFT", "ttft_s"),
+    ("TPOT", "tpot_s"),
+    ("ITL", "itl_s"),
+    ("end-to-end", "e2e_latency_s"),
+    ("queueing", "queueing_delay_s"),
+)
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value * 1000:,.1f}"
+
+
+def _pool(s: dict[str, Any], allocator: str) -> str:
+    slots = s["num_blocks"] * s["block_size"]
+    if allocator != "paged":  # contiguous reservations work at slot granularity
+        return f"{slots:,} slots, contiguous ({allocator} reservations)"
+    return f"{s['num_blocks']:,} blocks x {s['block_size']} tokens ({slots:,} slots)"
+
+
+def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str, str]]:
+    """(name, value) rows of the headline numbers of ``summary.json``."""
+    from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
+
+    counts = (
+        f"{s['num_requests']:,}: {s['num_finished']:,} finished, {s['num_rejected']:,} "
+        f"rejected, {s['num_aborted']:,} aborted, {s['num_unfinished']:,} unfinished"
+    )
+    return [
+        ("requests", counts),
+        ("KV pool", _pool(s, allocator)),
+        ("simulated time", f"{s['sim_duration_s']:,.3f} s"),
+        ("throughput", f"{s['throughput_requests_per_s']:.2f} req/s, "
+                       f"{s['throughput_output_tokens_per_s']:,.0f} output tok/s, "
+                       f"{s['throughput_total_tokens_per_s']:,.0f} total tok/s"),
+        ("tokens (finished requests)", f"{s.get('total_prompt_tokens', 0):,} in, "
+                                       f"{s.get('total_output_tokens', 0):,} out"),
+        ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
+        ("KV allocated, not yet filled (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
+        ("KV slots: tokens / reserved / never used / ext. frag / free",
+         " / ".join(f"{s[k]:.1%}" for k in BREAKDOWN_FIELDS)),
+        ("preemptions", f"{s['num_preemptions']:,}"),
+        ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
+        ("simulator wall time",
+         f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
+    ]  # fmt: skip
+
+
+def print_summary(s: dict[str, Any], out_dir: object, allocator: str = "paged") -> None:
+    """Print ``summary.json`` ``s`` of the run written to ``out_dir``."""
+    table = Table(title="kvsim run", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in summary_rows(s, allocator):
+        table.add_row(name, value)
+    console.print(table)
+    latencies = Table(title=f"latency (ms, {s.get('timing', 'cost model')})", header_style="bold")
+    for column in ("", "mean", "p50", "p90", "p99"):
+        latencies.add_column(column, justify="right" if column else "left")
+    for name, key in LATENCIES:
+        d = s.get(key) or {}
+        latencies.add_row(name, *(_ms(d.get(q)) for q in ("mean", "p50", "p90", "p99")))
+    console.print(latencies)
+    from kvsim.analysis.load import warnings
+
+    for line in warnings(s):
+        say("warning: ", plain(line), style="yellow")
+    say("run folder: ", out_dir)

@@ -1,0 +1,583 @@
+"""Hostile input through the command line: hundreds of generated cases over kvsim run's
+options, --config files, HF model configs, GPU specs, cost-model coefficients, --out paths,
+run folders edited by hand (kvsim plot / report / export-trace / animate) and trace names.
+
+Every case must exit 0, or exit 2 with exactly one ``error:`` line on stderr (naming the file
+and field where there is one) and nothing on stdout; no traceback, nothing written for a
+refused command, and no temporary left anywhere under the test's folder. Trace file contents
+are the workloads tests' (tests/workloads/); here they only reach the CLI's edge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner, Result
+
+from kvsim.cli import app
+from kvsim.config import RunConfig, option_specs
+from kvsim.outputs.run_folder import write_run
+from kvsim.runner import RunResult, run
+
+QUICK = ("--until", "0.5", "--no-plots")
+HUGE_INT = "9" * 5000  # past Python's 4,300-digit int conversion limit
+OSC8 = "\x1b]8;;https://example.com\x1b\\click\x1b]8;;\x1b\\"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.fixture(autouse=True)
+def one_click_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Build the click command once, not once per invocation (26 ms each, a thousand times):
+    CliRunner.invoke(app) calls typer.main.get_command(app) every time."""
+    import typer.testing
+
+    command = typer.main.get_command(app)
+    monkeypatch.setattr(typer.testing, "_get_command", lambda typer_app: command)
+
+
+@dataclass
+class Case:
+    """``args`` for kvsim, run in a fresh folder after ``setup(folder)``; an exit-2 line must
+    contain every ``names`` fragment (a file, a field)."""
+
+    id: str
+    args: Callable[[Path], list[str]]
+    names: tuple[str, ...] = ()
+    setup: Callable[[Path], None] = lambda folder: None
+    env: dict[str, str] = field(default_factory=dict)
+    must_fail: bool = False
+
+
+def temporaries(folder: Path) -> list[str]:
+    return [
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if ".kvsim-" in p.name or ".tmp-" in p.name or p.name.startswith("kvsim-point-")
+    ]
+
+
+def check(case: Case, folder: Path) -> Result:
+    """Run ``case`` in ``folder`` (set up already) and check what it did."""
+    before = set(os.listdir(folder))
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        result = CliRunner().invoke(app, case.args(folder), env=case.env or None)
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code in (0, 2), (case.id, result.exit_code, result.output[-2000:])
+    assert "Traceback" not in result.output, (case.id, result.output[-2000:])
+    assert not temporaries(folder), (case.id, temporaries(folder))
+    if case.must_fail:
+        assert result.exit_code == 2, (case.id, result.output[-2000:])
+    if result.exit_code == 2:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, (case.id, lines)
+        assert lines[0].startswith("error: "), (case.id, lines)
+        # nothing on stdout (a forced-colour terminal may get the cursor shown again)
+        assert not ANSI.sub("", result.stdout).strip(), (case.id, result.stdout[-2000:])
+        for name in case.names:
+            assert name in lines[0], (case.id, name, lines[0])
+        assert "\x1b]8;;" not in result.stderr, case.id  # no link smuggled into the terminal
+        assert set(os.listdir(folder)) == before, (case.id, "wrote something")
+    return result
+
+
+def run_cases(cases: list[Case], tmp_path: Path) -> None:
+    """Each case in its own folder (a case's leftovers cannot hide another's)."""
+    for i, case in enumerate(cases):
+        folder = tmp_path / f"c{i}"
+        folder.mkdir()
+        case.setup(folder)
+        check(case, folder)
+
+
+# --- kvsim run: option values ----------------------------------------------------------------
+
+BAD_TEXTS = (
+    "", " ", "-1", "0", "nan", "inf", "-inf", "1e400", HUGE_INT, "[bold]", "[/x]", "1_000",
+    "\uff11\uff16", "0x10", "16.0", "true", OSC8, "a" * 10_000,
+)  # fmt: skip
+SKIP_FLAGS = {"--mode"}  # a Choice: click refuses anything else (covered below once)
+
+
+def _run_flag_cases() -> list[Case]:
+    cases = []
+    for name, spec in option_specs().items():
+        if not spec.run or name in ("fast_decode",):
+            continue
+        flag = spec.cli_flag(name)
+        if flag in SKIP_FLAGS:
+            continue
+        for i, text in enumerate(BAD_TEXTS):
+            cases.append(
+                Case(
+                    f"{flag}-{i}",
+                    lambda f, flag=flag, text=text: ["run", flag, text, *QUICK, "--out", "o"],
+                )
+            )
+    cases.append(Case("mode-x", lambda f: ["run", "--mode", "x", *QUICK], must_fail=True))
+    return cases
+
+
+def _contradiction_cases() -> list[Case]:
+    combos = {
+        "rate+concurrency": ["--rate", "2", "--concurrency", "3"],
+        "time-scale+concurrency": ["--time-scale", "2", "--concurrency", "3"],
+        "think-time-alone": ["--think-time", "1"],
+        "rate+time-scale": ["--rate", "2", "--time-scale", "2"],
+        "device-in-cost-mode": ["--device", "cuda"],
+        "dtype-in-cost-mode": ["--dtype", "float16"],
+        "threads-in-cost-mode": ["--threads", "2"],
+        "contiguous-engine": ["--mode", "engine", "--allocator", "max", "--model", "tiny-llama"],
+        "cuda-without-cuda": ["--mode", "engine", "--model", "tiny-llama", "--device", "cuda"],
+        "block-size-1e8": ["--block-size", "100000000"],
+        "block-size-float": ["--block-size", "1e8"],
+        "trace-is-a-folder": ["adir.jsonl"],
+        "trace-markup": ["[/x].jsonl"],
+        "trace-bold": ["[bold]nope"],
+        "trace-osc8": [OSC8 + ".jsonl"],
+        "trace-1mb-name": ["t" * 1_000_000],
+        "config-and-bad-option": ["--config", "missing.json", "--block-size", "0"],
+    }
+    names = {"trace-markup": ("[/x].jsonl",), "trace-bold": ("[bold]nope",)}
+    return [
+        Case(
+            key,
+            lambda f, extra=extra: ["run", *extra, *QUICK, "--out", "o"],
+            names=names.get(key, ()),
+            setup=lambda f: (f / "adir.jsonl").mkdir(),
+            must_fail=True,
+        )
+        for key, extra in combos.items()
+    ]
+
+
+SWEEP_QUICK = ("--until", "0.5")
+
+
+def _sweep_cases() -> list[Case]:
+    bad = {
+        "jobs-0": ["--jobs", "0"], "jobs-neg": ["--jobs", "-1"], "jobs-x": ["--jobs", "x"],
+        "executor": ["--executor", "slurm"], "address": ["--address", "h:1"],
+        "kv-slots-0": ["--kv-slots", "0"],
+        "kv-slots-and-blocks": ["--kv-slots", "9", "--num-blocks", "9", "--block-size", "8,16"],
+        "slo-neg": ["--slo-ttft", "-1"], "slo-nan": ["--slo-ttft", "nan"],
+        "slo-inf": ["--slo-tpot", "inf"], "slo-percentile": ["--slo-percentile", "42"],
+        "param-unknown": ["--param", "bogus=1,2"], "param-empty": ["--param", "block_size="],
+        "param-no-eq": ["--param", "block_size"],
+        "param-bad-value": ["--param", "max_num_seqs=1,x"],
+        "param-trace": ["--param", "trace=a,b"], "param-repeat": ["--param", "seed=1,1"],
+        "block-list-empty": ["--block-size", "8,,16"], "block-list-zero": ["--block-size", "0,16"],
+        "block-huge": ["--block-size", "16,100000000"], "rate-list-bad": ["--rate", "1,nan"],
+        "allocator-bad": ["--allocator", "paged,nope"], "engine-mode": ["--mode", "engine"],
+        "markup-param": ["--param", "[bold]=1,2"], "threads": ["--param", "threads=1,2"],
+    }  # fmt: skip
+    return [
+        Case(f"sweep-{key}", lambda f, a=args: ["sweep", *a, *SWEEP_QUICK, "--out", "s"],
+             must_fail=True)
+        for key, args in bad.items()
+    ]  # fmt: skip
+
+
+def test_sweep_option_values(tmp_path: Path) -> None:
+    run_cases(_sweep_cases(), tmp_path)
+
+
+def test_run_option_values(tmp_path: Path) -> None:
+    run_cases(_run_flag_cases(), tmp_path)
+
+
+def test_contradictions_and_impossible_requests(tmp_path: Path) -> None:
+    run_cases(_contradiction_cases(), tmp_path)
+
+
+def test_markup_in_messages_is_printed_verbatim(tmp_path: Path) -> None:
+    for name in ("[/x].jsonl", "[bold]x.jsonl", "[link=https://e.com]x[/link].jsonl"):
+        for env in ({}, {"FORCE_COLOR": "1", "TERM": "xterm-256color"}):
+            case = Case(name, lambda f, name=name: ["run", name, *QUICK], env=env, must_fail=True)
+            folder = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+            folder.mkdir()
+            result = check(case, folder)
+            assert name in result.stderr  # not eaten as markup, not a link
+
+
+# --- --config files ---------------------------------------------------------------------------
+
+
+def _bad_values(kind: Any) -> list[Any]:
+    text = str(kind)
+    values: list[Any] = [[], {}, [1, 2], {"a": 1}, "x" * 2000]
+    if "bool" in text:
+        values += ["no", "false", 0, 1, None]
+    elif "int" in text:
+        values += ["16", 16.5, True, -1, 0, 10**400, -(10**30), float("nan"), float("inf")]
+    elif "float" in text:
+        values += ["0.9", True, -1.0, float("nan"), float("inf"), -float("inf"), 10**400]
+    elif "Literal" in text or text in ("str", "<class 'str'>"):
+        values += [5, 1.5, True, "", "[bold]"]
+    else:
+        values += [5, True]
+    if "None" not in text and "Optional" not in text:
+        values.append(None)
+    return values
+
+
+PATH_FIELDS = ("trace", "model", "gpu", "coefficients")
+
+
+def _config_text(options: dict[str, Any]) -> str:
+    return json.dumps({"kvsim_run": 1, "options": options}, allow_nan=True)
+
+
+def _config_cases() -> list[Case]:
+    import typing
+
+    base = RunConfig(trace="azure_llm_2023_conv_first_2min", until=0.5).to_dict()
+    hints = typing.get_type_hints(RunConfig)
+    cases = []
+    for name in base:
+        values = [v for v in _bad_values(hints[name]) if not (name == "seed" and v == 0)]
+        for i, value in enumerate(values):
+            text = _config_text({**base, name: value}).replace(json.dumps(10**400), "1" + "0" * 400)
+            cases.append(
+                Case(
+                    f"config-{name}-{i}",
+                    lambda f: ["run", "--config", "c.json", "--out", "o", "--no-plots"],
+                    # a file name that is a string names itself (the file), not config.json
+                    names=()
+                    if name in PATH_FIELDS and isinstance(value, str) and value
+                    else ("c.json", name),
+                    setup=lambda f, text=text: (f / "c.json").write_text(text),
+                    must_fail=True,
+                )
+            )
+    structural = {
+        "not-json": "{",
+        "list": "[]",
+        "no-options": '{"kvsim_run": 1}',
+        "options-list": '{"options": []}',
+        "unknown-field": _config_text({**base, "bogus": 1}),
+        "missing-trace": _config_text({k: v for k, v in base.items() if k != "trace"}),
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "huge-int": '{"options": {"trace": "t", "seed": ' + HUGE_INT + "}}",
+        "nan-literal": '{"options": {"trace": "t", "rate": NaN}}',
+        "bom-garbage": "\ufeff\x00\x01",
+        "empty": "",
+        "latin1": "{\xe9}",
+    }
+    for key, text in structural.items():
+        cases.append(
+            Case(
+                f"config-{key}",
+                lambda f: ["run", "--config", "c.json", "--out", "o", "--no-plots"],
+                names=("c.json",),
+                setup=lambda f, text=text, key=key: (f / "c.json").write_bytes(
+                    text.encode("latin-1") if key == "latin1" else text.encode()
+                ),
+                must_fail=True,
+            )
+        )
+    cases.append(
+        Case(
+            "config-is-a-folder",
+            lambda f: ["run", "--config", "cdir", "--out", "o"],
+            names=("cdir",),
+            setup=lambda f: (f / "cdir").mkdir(),
+            must_fail=True,
+        )
+    )
+    cases.append(
+        Case(
+            "config-is-a-fifo",
+            lambda f: ["run", "--config", "fifo.json", "--out", "o"],
+            names=("fifo.json",),
+            setup=lambda f: os.mkfifo(f / "fifo.json"),
+            must_fail=True,
+        )
+    )
+    return cases
+
+
+def test_config_files(tmp_path: Path) -> None:
+    run_cases(_config_cases(), tmp_path)
+
+
+# --- HF model configs, GPU specs, coefficients -------------------------------------------------
+
+LLAMA = {
+    "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 688,
+    "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "float16",
+}  # fmt: skip
+GPU = {
+    "name": "mygpu", "memory_bytes": 80e9, "peak_flops": 312e12, "memory_bandwidth": 2.0e12,
+}  # fmt: skip
+
+
+def _spec_cases(flag: str, good: dict[str, Any], file: str) -> list[Case]:
+    cases = []
+    mutations: list[tuple[str, Any]] = []
+    for key in good:
+        for value in (0, -1, None, "32", 1.5, True, [], {}, 10**400, float("nan"), "x" * 500):
+            mutations.append((key, value))
+    for i, (key, value) in enumerate(mutations):
+        data = {**good, key: value}
+        text = json.dumps(data, allow_nan=True).replace(json.dumps(10**400), "1" + "0" * 400)
+        cases.append(
+            Case(
+                f"{flag}-{key}-{i}",
+                lambda f: ["run", flag, file, *QUICK, "--out", "o"],
+                names=(file,),
+                setup=lambda f, text=text: (f / file).write_text(text),
+            )
+        )
+    for key, text in {
+        "list": "[1]",
+        "deep": "{" + '"a":{' * 50_000 + "}" * 50_001,
+        "huge-int": "{" + f'"{next(iter(good))}": {HUGE_INT}' + "}",
+        "not-json": "nope",
+        "unknown-key": json.dumps({**good, "bogus_key": 1}),
+    }.items():
+        cases.append(
+            Case(
+                f"{flag}-{key}",
+                lambda f: ["run", flag, file, *QUICK, "--out", "o"],
+                names=(file,),
+                setup=lambda f, text=text: (f / file).write_text(text),
+                must_fail=key != "unknown-key" or flag != "--model",
+            )
+        )
+    return cases
+
+
+def test_hf_model_configs(tmp_path: Path) -> None:
+    run_cases(_spec_cases("--model", LLAMA, "config.json"), tmp_path)
+
+
+def test_gpu_specs(tmp_path: Path) -> None:
+    run_cases(_spec_cases("--gpu", GPU, "gpu.json"), tmp_path)
+
+
+def test_coefficient_files(tmp_path: Path) -> None:
+    cases = []
+    for i, text in enumerate(
+        ["[]", "{", '{"bogus": 1}', '{"compute_efficiency": -1}', '{"compute_efficiency": "1"}',
+         '{"compute_efficiency": NaN}', '{"memory_efficiency": 2}', "[" * 50_000, ""]
+    ):  # fmt: skip
+        cases.append(
+            Case(
+                f"coefficients-{i}",
+                lambda f: ["run", "--coefficients", "k.json", *QUICK, "--out", "o"],
+                names=("k.json",),
+                setup=lambda f, text=text: (f / "k.json").write_text(text),
+                must_fail=True,
+            )
+        )
+    run_cases(cases, tmp_path)
+
+
+# --- --out -------------------------------------------------------------------------------------
+
+
+def test_out_paths(tmp_path: Path) -> None:
+    def file(name: str) -> Callable[[Path], None]:
+        return lambda f: (f / name).write_text("mine")
+
+    outs: dict[str, tuple[str, Callable[[Path], None] | None]] = {
+        "dot": (".", None),
+        "dotdot": ("..", None),
+        "root": ("/", None),
+        "file": ("notes.txt", file("notes.txt")),
+        "under-file": ("notes.txt/run", file("notes.txt")),
+        "markup-parent": ("[bold]/run", file("[bold]")),
+        "osc8": (OSC8, None),
+        "newline": ("a\nb", None),
+        "long": ("x" * 300, None),
+        "long-parent": ("y" * 300 + "/r", None),
+        "nul": ("a\x00b", None),
+    }
+    cases = [
+        Case(
+            f"out-{key}",
+            lambda f, out=out: ["run", *QUICK, "--out", out],
+            setup=setup or (lambda f: None),
+        )
+        for key, (out, setup) in outs.items()
+    ]
+    run_cases(cases, tmp_path)
+    assert (tmp_path / "c4" / "notes.txt").read_text() == "mine"
+
+
+# --- run folders edited by hand ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    result: RunResult = run(RunConfig(trace="azure_llm_2023_conv_first_2min", until=5.0))
+    return write_run(result, tmp_path_factory.mktemp("run") / "run", plots=False)
+
+
+def _drop_column(table: str, column: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        path = folder / "run" / f"{table}.parquet"
+        pq.write_table(pq.read_table(path).drop_columns([column]), path)
+
+    return edit
+
+
+def _retype_column(table: str, column: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        path = folder / "run" / f"{table}.parquet"
+        t = pq.read_table(path)
+        i = t.schema.get_field_index(column)
+        strings = pa.array(["x"] * len(t), type=pa.string())
+        pq.write_table(t.set_column(i, column, strings), path)
+
+    return edit
+
+
+def _summary(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        path = folder / "run" / "summary.json"
+        path.write_text(json.dumps(change(json.loads(path.read_text())), allow_nan=True))
+
+    return edit
+
+
+def _folder_edits() -> dict[str, tuple[Callable[[Path], None], tuple[str, ...]]]:
+    from kvsim.outputs.run_folder import COLUMNS
+
+    edits: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {}
+    for table, columns in COLUMNS.items():
+        for column, kind in columns.items():
+            edits[f"drop-{table}-{column}"] = (_drop_column(table, column), (table, column))
+            if kind != "text":
+                edits[f"retype-{table}-{column}"] = (_retype_column(table, column), (column,))
+    for name in ("num_blocks", "block_size", "sim_duration_s", "num_requests", "ttft_s"):
+        bad: tuple[Any, ...] = ("x", [], True, {"a": "b"})
+        if name in ("num_blocks", "block_size", "sim_duration_s"):
+            bad += (-1, float("nan"), None)
+        for i, value in enumerate(bad):
+            edits[f"summary-{name}-{i}"] = (
+                _summary(lambda s, n=name, v=value: {**s, n: v}),
+                ("summary.json", name),
+            )
+    edits["summary-list"] = (_summary(lambda s: [s]), ("summary.json",))
+    edits["summary-not-json"] = (lambda f: (f / "run" / "summary.json").write_text("{"), ())
+    edits["config-broken"] = (lambda f: (f / "run" / "config.json").write_text("[]"), ())
+    edits["parquet-garbage"] = (
+        lambda f: (f / "run" / "steps.parquet").write_bytes(b"PAR1 not really"),
+        ("steps.parquet",),
+    )
+    edits["no-summary"] = (lambda f: (f / "run" / "summary.json").unlink(), ("summary.json",))
+    return edits
+
+
+COMMANDS = {
+    "plot": lambda f: ["plot", "run", "-o", "pngs", "--what", "free-blocks"],
+    "report": lambda f: ["report", "run", "-o", "r.html"],
+    "export-trace": lambda f: ["export-trace", "run", "-o", "t.json"],
+    "animate": lambda f: ["animate", "run", "-o", "a.gif", "--frames", "2"],
+}
+
+
+def test_hand_edited_run_folders(small_run: Path, tmp_path: Path) -> None:
+    cases = []
+    for key, (edit, names) in _folder_edits().items():
+        for command, args in COMMANDS.items():
+
+            def setup(f: Path, edit: Callable[[Path], None] = edit) -> None:
+                shutil.copytree(small_run, f / "run")
+                edit(f)
+
+            cases.append(Case(f"{key}-{command}", args, names=names, setup=setup, must_fail=True))
+    run_cases(cases, tmp_path)
+
+
+def test_a_sweep_point_without_events_is_plotted(small_run: Path, tmp_path: Path) -> None:
+    point = tmp_path / "run"
+    shutil.copytree(small_run, point)
+    (point / "events.parquet").unlink()
+    result = CliRunner().invoke(app, ["plot", str(point)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (point / "plots").iterdir()) == [
+        "batch_size.png", "free_blocks.png", "kv_breakdown.png", "latency_cdfs.png",
+    ]  # fmt: skip
+    assert "skipped occupancy, gantt" in result.stdout
+    for args in (["plot", str(point), "--what", "gantt"], ["animate", str(point), "-o", "a.gif"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "kvsim run --config" in result.stderr, result.output
+    result = CliRunner().invoke(app, ["report", str(point)])
+    assert result.exit_code == 0, result.output
+
+
+# --- trace names and info --------------------------------------------------------------------
+
+
+def test_trace_arguments_of_info_and_run(tmp_path: Path) -> None:
+    names = ["", "missing.jsonl", "adir.jsonl", "[/x].jsonl", OSC8, "x" * 5000, "a\x00b.jsonl"]
+    cases = []
+    for i, name in enumerate(names):
+        for command in ("info", "run"):
+            extra = list(QUICK) if command == "run" else []
+            cases.append(
+                Case(
+                    f"{command}-trace-{i}",
+                    lambda f, c=command, n=name, e=extra: [c, n, *e],
+                    setup=lambda f: (f / "adir.jsonl").mkdir(exist_ok=True),
+                    must_fail=True,
+                )
+            )
+    run_cases(cases, tmp_path)
+
+
+def _one_request_trace(path: Path, request_id: str) -> Path:
+    record = {"request_id": request_id, "arrival_time_s": 0, "prompt_tokens": 8,
+              "output_tokens": 4}  # fmt: skip
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
+def test_long_request_ids_are_refused_or_plotted_with_short_labels(tmp_path: Path) -> None:
+    huge = _one_request_trace(tmp_path / "huge.jsonl", "r" * 1_000_000)
+    result = CliRunner().invoke(app, ["run", str(huge), "--out", str(tmp_path / "no")])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "request_id" in result.stderr and not (tmp_path / "no").exists()
+    long_id = "[bold]$x^2$" + "r" * 1000  # as long as a trace may hold: markup, mathtext
+    trace = _one_request_trace(tmp_path / "t.jsonl", long_id)
+    result = CliRunner().invoke(app, ["run", str(trace), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "plots" / "gantt.png").stat().st_size < 200_000
+    frame = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert frame["request_id"].iloc[0] == long_id  # the data keeps it whole
+
+
+def test_the_suite_is_hundreds_of_cases() -> None:
+    total = (
+        len(_run_flag_cases()) + len(_contradiction_cases()) + len(_config_cases())
+        + len(_spec_cases("--model", LLAMA, "c")) + len(_spec_cases("--gpu", GPU, "g"))
+        + len(_folder_edits()) * len(COMMANDS)
+    )  # fmt: skip
+    assert total >= 500
+    assert not math.isnan(total)
+
+
+def test_labels_are_one_short_line_and_never_mathtext() -> None:
+    from kvsim.plots._common import text_label
+
+    assert text_label("r" * 1000) == "r" * 23 + "\u2026"
+    assert text_label("a\nb\tc") == "a b c"
+    assert text_label("$x^2$") == r"\$x^2\$"
