@@ -8,6 +8,7 @@ edge turns their exceptions into one red line and exit code 2.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,9 +35,23 @@ DeviceOption = Annotated[
 ForceOption = Annotated[bool, Opt("--force", help="Replace an existing output")]
 
 
-def _refuse_existing(path: Path, force: bool) -> None:
-    if path.exists() and not force and (path.is_file() or any(path.iterdir())):
-        fail(f"{path}: already exists; pass --force to replace it")
+def _may_replace(path: Path, force: bool) -> None:
+    """A coefficient file may be written where none is, or over one kvsim wrote (a
+    kvsim-step-coefficients file) with --force; never over anything else."""
+    from kvsim.costmodel.coefficients import FORMAT
+
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_file():
+        fail(f"{path}: exists and is not a file; kvsim will not replace it")
+    try:
+        data = json.loads(path.read_bytes()[: 1 << 22])
+    except (OSError, ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        fail(f"{path}: exists and is not a kvsim coefficient file; choose another -o")
+    if not force:
+        fail(f"{path}: holds earlier coefficients; --force replaces it")
 
 
 def print_tables(tables: list[tuple[str, pd.DataFrame]]) -> None:
@@ -100,7 +115,10 @@ def calibrate_command(
         profiles = load_profile_dir(profile_dir)
         if presets:
             fitted = fit_presets(profiles)
-            _refuse_existing(out, force)
+            if out.exists() and not out.is_dir():
+                fail(f"{out}: is not a folder (--presets writes one file per preset into it)")
+            for name in fitted:
+                _may_replace(out / f"{name}.json", force)
             out.mkdir(parents=True, exist_ok=True)
             for name, co in fitted.items():
                 save_coefficients(co, out / f"{name}.json")
@@ -114,7 +132,7 @@ def calibrate_command(
             fail(
                 f"{profile_dir}: {reason}; measure again on a quieter machine (or pass --noisy-ok)"
             )
-        _refuse_existing(out, force)
+        _may_replace(out, force)
         start = (
             load_coefficients(base)
             if base
@@ -162,11 +180,12 @@ def validate_command(
     """Check step-time coefficients against measured profiles.
 
     MAPE and worst error per operator, model, TP and token range (--lomo: each model left out
-    of the fit); errors_*.csv, tables.md and predicted-vs-measured plots in the folder."""
+    of the fit); errors_*.csv, tables.md and predicted-vs-measured plots/ in the folder."""
+    from kvsim.atomic import check_target
     from kvsim.costmodel import load_coefficients, preset_coefficients, resolve_gpu
     from kvsim.costmodel.profiles import load_profile_dir
     from kvsim.costmodel.validate import error_tables, validate_gpu
-    from kvsim.outputs.validation import write_validation
+    from kvsim.outputs.validation import VALIDATION_FOLDER, write_validation
 
     names = gpu or []
     if not names:
@@ -178,8 +197,8 @@ def validate_command(
         or Path("validation")
         / f"{'+'.join(Path(n).stem for n in names)}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     )
-    _refuse_existing(out_dir, force)
     try:
+        check_target(out_dir, VALIDATION_FOLDER, force=force)  # before the work, not after
         profiles = load_profile_dir(profile_dir)
         validations: list[Any] = []
         for name in names:
@@ -192,7 +211,9 @@ def validate_command(
         tables = error_tables(validations)
         if not tables:
             fail(f"{profile_dir}: no rows of device(s) {', '.join(v.device for v in validations)}")
-        files = write_validation(validations, tables, out_dir)
+        used = str(coefficients) if coefficients else "shipped presets"
+        what = {"profiles": str(profile_dir), "gpus": names, "lomo": lomo, "coefficients": used}
+        files = write_validation(validations, tables, out_dir, what=what, force=force)
     except (KvsimError, OSError) as exc:
         fail(str(exc))
     print_tables(tables)

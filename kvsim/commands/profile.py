@@ -79,7 +79,7 @@ def profile_command(
         try:
             record = write_engine_profile(
                 out_dir, model, threads=threads, repeats=repeats, dtype=dtype, grid=grid,
-                timer=timer.value,
+                timer=timer.value, force=force,
             )  # fmt: skip
         except (*USER_ERRORS, ValueError, OSError) as exc:
             fail(f"profile {model!r}: {exc}")
@@ -119,8 +119,9 @@ def validate_run_command(
 
     Cost mode uses --coefficients (a cpu fit) on --gpu (the engine profile's device.json);
     reports step-time MAPE, throughput and TTFT/TPOT error, with plots."""
+    from kvsim.atomic import check_target
     from kvsim.costmodel import load_coefficients, resolve_gpu
-    from kvsim.outputs.validate_run import compare_runs, write_comparison
+    from kvsim.outputs.validate_run import VALIDATE_RUN_FOLDER, compare_runs, write_comparison
 
     given = dict(options or {})
     if trace is not None:
@@ -134,13 +135,12 @@ def validate_run_command(
             or Path("validation")
             / f"run-{Path(config.trace).stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         )
-        if out_dir.exists() and not force:
-            fail(f"{out_dir}: already exists; pass --force to replace it")
+        check_target(out_dir, VALIDATE_RUN_FOLDER, force=force)  # before the runs, not after
         coefficients = load_coefficients(config.coefficients)
         gpu = resolve_gpu(config.gpu)
         with console.status("engine mode, then cost mode"):
             comparison = compare_runs(config, gpu, coefficients, timer.value)
-        write_comparison(comparison, out_dir)
+        write_comparison(comparison, out_dir, force=force)
     except (*USER_ERRORS, ValueError, OSError) as exc:
         fail(str(exc))
     _print_comparison(comparison.summary)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from engine import LLMEngine, Scheduler, SchedulerOutput
-from kvsim.atomic import atomic_dir
+from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.costmodel import CostModel, GPUSpec, ModelSpec, StepCoefficients
 from kvsim.costmodel.validate import mape_table
@@ -158,6 +158,7 @@ def compare_runs(
         if _dig(engine.summary, key)
     }
     summary = {
+        "kvsim_validate_run": 1,
         "trace": config.trace,
         "num_steps": {"engine": len(steps), "cost": int(cost.summary["num_steps"])},
         "step_time_mape_pct": round(100 * float(steps["error"].abs().mean()), 2),
@@ -175,10 +176,23 @@ def compare_runs(
     return RunComparison(steps, summary, engine, cost)
 
 
-def write_comparison(comparison: RunComparison, out_dir: Path) -> list[Path]:
-    """Write validate-run's folder (all or nothing); return its files."""
+_FILES = ("steps.csv", "comparison.json", "step_times.png", "step_timeline.png")
+# comparison.json's "kvsim_validate_run" key marks the folder as kvsim's (kvsim.atomic).
+VALIDATE_RUN_FOLDER = FolderKind(
+    what="validate-run folder",
+    marker_file="comparison.json",
+    marker_key="kvsim_validate_run",
+    entries=frozenset(_FILES),
+)
+
+
+def write_comparison(
+    comparison: RunComparison, out_dir: Path, *, force: bool = False
+) -> list[Path]:
+    """Write validate-run's folder (all or nothing; an existing one only if kvsim wrote it,
+    with ``force``); return its files."""
     steps = comparison.steps
-    with atomic_dir(out_dir) as tmp:
+    with output_folder(out_dir, VALIDATE_RUN_FOLDER, force=force) as tmp:
         steps.to_csv(tmp / "steps.csv", index=False)
         text = json.dumps(comparison.summary, indent=2, default=_json_default) + "\n"
         (tmp / "comparison.json").write_text(text, encoding="utf-8")
@@ -188,8 +202,7 @@ def write_comparison(comparison: RunComparison, out_dir: Path) -> list[Path]:
         save_png(scatter, tmp / "step_times.png")
         timeline = plot_step_time_validation(steps, title="engine step times over the run")
         save_png(timeline, tmp / "step_timeline.png")
-    names = ("steps.csv", "comparison.json", "step_times.png", "step_timeline.png")
-    return [out_dir / name for name in names]
+    return [out_dir / name for name in _FILES]
 
 
 def _json_default(value: object) -> object:

@@ -8,17 +8,22 @@ predicted-vs-measured plots, all or nothing (written into a temporary folder, th
     errors_allreduce.csv     single-node all-reduce rows
     errors_steps.csv         whole engine steps (engine profiles)
     tables.md                every table of kvsim.costmodel.validate.error_tables
-    <kind>_<gpu>.png         predicted against measured, one per kind of rows and GPU
+    plots/<kind>_<gpu>.png   predicted against measured, one per kind of rows and GPU
+    validation.json          what was validated (the folder's marker: kvsim wrote it)
+
+As every kvsim output folder (kvsim.atomic), it replaces only a folder kvsim wrote, and that
+only with ``force``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from kvsim.atomic import atomic_dir
+from kvsim.atomic import FolderKind, output_folder
 from kvsim.costmodel.validate import Validation, markdown_report
 from kvsim.plots import save_png
 from kvsim.plots.calibration import plot_predicted_vs_measured
@@ -42,14 +47,32 @@ _TITLES = {
 }
 
 
+VALIDATION_FOLDER = FolderKind(
+    what="validation folder",
+    marker_file="validation.json",
+    marker_key="kvsim_validate",
+    entries=frozenset(
+        {"validation.json", "tables.md"}
+        | {f"errors_{stem}.csv" for _, _, stem in _FRAMES}
+        | {"plots"}
+    ),
+)
+
+
 def write_validation(
     validations: Sequence[Validation],
     tables: Sequence[tuple[str, pd.DataFrame]],
     out_dir: Path,
+    *,
+    what: dict[str, object],
+    force: bool = False,
 ) -> list[Path]:
-    """Write ``out_dir`` (which the caller has checked may be written); return its files."""
-    with atomic_dir(out_dir) as tmp:
-        names: list[str] = []
+    """Write ``out_dir`` (all or nothing; ``what``: the command's inputs, kept in
+    validation.json); return its files."""
+    with output_folder(out_dir, VALIDATION_FOLDER, force=force) as tmp:
+        marker = {"kvsim_validate": 1, **what}
+        (tmp / "validation.json").write_text(json.dumps(marker, indent=2) + "\n", "utf-8")
+        names: list[str] = ["validation.json"]
         for attribute, color_by, stem in _FRAMES:
             frames = [getattr(v, attribute) for v in validations if len(getattr(v, attribute))]
             if not frames:
@@ -62,8 +85,9 @@ def write_validation(
                     rows = rows[rows["op"] == "sum"]
                 title = f"{gpu}: {_TITLES[attribute]}"
                 fig = plot_predicted_vs_measured(rows, color_by=color_by, title=title)
-                save_png(fig, tmp / f"{stem}_{gpu}.png")
-                names.append(f"{stem}_{gpu}.png")
+                (tmp / "plots").mkdir(exist_ok=True)
+                save_png(fig, tmp / "plots" / f"{stem}_{gpu}.png")
+                names.append(f"plots/{stem}_{gpu}.png")
         (tmp / "tables.md").write_text(markdown_report(tables), encoding="utf-8")
         names.append("tables.md")
     return [out_dir / name for name in names]

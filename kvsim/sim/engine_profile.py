@@ -40,7 +40,7 @@ from engine.attention import build_attention_metadata, paged_attention
 from engine.models.config import ModelConfig, preset_config
 from engine.models.layers import RotaryEmbedding, apply_rotary
 from engine.models.llama import LlamaDecoderLayer
-from kvsim.atomic import atomic_dir
+from kvsim.atomic import FolderKind, check_target, output_folder
 from kvsim.costmodel.layer_shapes import LINEAR_OPS
 from kvsim.costmodel.profiles import PROFILE_META_FORMAT
 from kvsim.sim.engine_timing import (
@@ -58,6 +58,13 @@ from kvsim.sim.executor import step_shape
 
 DEVICE = "cpu"  # the profile's device prefix, and the GPU spec's name in device.json
 ROUNDS = 3  # operator and attention points: their repeats split over this many rounds
+# profile.json's "kvsim_profile" key marks the folder as kvsim's (kvsim.atomic).
+PROFILE_FOLDER = FolderKind(
+    what="engine profile",
+    marker_file="profile.json",
+    marker_key="kvsim_profile",
+    entries=frozenset({"compute", "attention", "steps", "device.json", "profile.json"}),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,10 +342,13 @@ def write_engine_profile(
     grid: EngineProfileGrid | None = None,
     seed: int = 0,
     timer: str = "wall",
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Profile ``model`` into folder ``out`` (all or nothing); return profile.json's record.
+    """Profile ``model`` into folder ``out`` (all or nothing; an existing one only if kvsim
+    wrote it, with ``force``); return profile.json's record.
 
     ``timer``: "wall" or "thread" (engine_timing.CLOCKS; "thread" needs ``threads == 1``)."""
+    check_target(out, PROFILE_FOLDER, force=force)  # before a minute of measuring, not after
     grid = grid or EngineProfileGrid()
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     clock = engine_clock(timer, threads)
@@ -371,6 +381,7 @@ def write_engine_profile(
     }
     record: dict[str, Any] = {
         "format": PROFILE_META_FORMAT,
+        "kvsim_profile": 1,
         "version": 1,
         "kind": "engine",
         "device": DEVICE,
@@ -391,7 +402,7 @@ def write_engine_profile(
             "torch": torch.__version__,
         },
     }
-    with atomic_dir(out) as tmp:
+    with output_folder(out, PROFILE_FOLDER, force=force) as tmp:
         for sub in ("compute", "attention", "steps"):
             (tmp / sub).mkdir()
         linear.to_csv(tmp / "compute" / f"{DEVICE}__{model}__mlp.csv", index=False)

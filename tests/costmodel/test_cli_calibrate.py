@@ -3,6 +3,7 @@ printed, one-line errors naming the file and column, nothing of the user's overw
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -51,7 +52,7 @@ def test_calibrate_writes_the_fit_and_prints_its_error(synthetic: Path, tmp_path
     # The same output again is refused (nothing overwritten), unless --force.
     before = out.read_bytes()
     again = kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "-o", out)
-    assert "already exists; pass --force" in one_error_line(again)
+    assert "holds earlier coefficients; --force replaces it" in one_error_line(again)
     assert out.read_bytes() == before
     forced = kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "-o", out, "--force")
     assert forced.exit_code == 0, forced.output
@@ -109,7 +110,8 @@ def test_validate_writes_csvs_tables_and_plots(synthetic: Path, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     names = {p.name for p in out.iterdir()}
     for stem in ("linear", "linear_lomo", "attention", "allreduce"):
-        assert f"errors_{stem}.csv" in names and f"{stem}_a100-80gb.png" in names
+        assert f"errors_{stem}.csv" in names and (out / "plots" / f"{stem}_a100-80gb.png").is_file()
+    assert json.loads((out / "validation.json").read_text())["lomo"] is True
     linear = pd.read_csv(out / "errors_linear.csv")
     assert set(linear["op"]) >= {"sum", "attn_pre_proj", "add"}
     assert linear.loc[linear["op"] == "sum", "error"].abs().max() < 1e-3  # fitted on exact data
@@ -120,7 +122,19 @@ def test_validate_writes_csvs_tables_and_plots(synthetic: Path, tmp_path: Path) 
         assert title in tables
     assert "| gpu | model | rows | mape_pct | worst_pct | bias_pct |" in tables
     again = kvsim("validate", synthetic, "--gpu", "a100-80gb", "-o", out)
-    assert "already exists" in one_error_line(again)
+    assert "--force replaces it" in one_error_line(again)
+    assert kvsim("validate", synthetic, "--gpu", "a100-80gb", "-o", out, "--force").exit_code == 0
+    # Nothing of the user's is replaced: not a folder kvsim wrote, nor a file of another kind.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused = kvsim("validate", synthetic, "--gpu", "a100-80gb", "-o", mine, "--force")
+    assert "not a kvsim validation folder" in one_error_line(refused)
+    notes = tmp_path / "notes.json"
+    notes.write_text("{}")
+    refused = kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "-o", notes, "--force")
+    assert "not a kvsim coefficient file" in one_error_line(refused)
+    assert notes.read_text() == "{}" and (mine / "notes.txt").read_text() == "mine"
 
 
 def test_validate_needs_one_gpu_per_coefficient_file(synthetic: Path, tmp_path: Path) -> None:

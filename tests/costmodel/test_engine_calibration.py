@@ -75,6 +75,9 @@ def test_profile_calibrate_validate_run(tmp_path: Path) -> None:
     assert set(summary["relative_error"]) >= {"throughput_output_tokens_per_s", "ttft_s.mean"}
     steps = pd.read_csv(out / "steps.csv")
     assert (steps["measured_s"] > 0).all() and (steps["predicted_s"] > 0).all()
+    again = kvsim("validate-run", trace, "--model", "tiny-llama", "--coefficients", coefficients,
+                  "--gpu", profile / "device.json", "--out", out)  # fmt: skip
+    assert again.exit_code == 2 and "--force replaces it" in again.stderr
     assert {p.name for p in out.iterdir()} == {
         "steps.csv", "comparison.json", "step_times.png", "step_timeline.png"
     }  # fmt: skip
