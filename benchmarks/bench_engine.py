@@ -11,6 +11,7 @@ Output tokens/s counts each request's own output tokens only. Prints the median 
 runs for both and the ratio kvsim / transformers (target >= 2).
 
     python benchmarks/bench_engine.py [--quick] [--device cuda] [--model llama-1b --dtype bfloat16]
+    python benchmarks/bench_engine.py --skip-transformers --scheduler classic  # vs the default v1
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def main() -> None:
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--scheduler", default="v1", choices=["v1", "classic"])
+    parser.add_argument("--enable-prefix-caching", action="store_true")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -134,6 +137,8 @@ def main() -> None:
         device=args.device,
         dtype=args.dtype,
         seed=args.seed,
+        scheduler=args.scheduler,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     run_kvsim(engine, workload[:4])  # warm-up
     print(
@@ -142,7 +147,10 @@ def main() -> None:
         f"{sum(n for _, n in workload)} output tokens; median of {repeats}"
     )
     kv_rate, kv_s = _median_rate(lambda: run_kvsim(engine, workload), args.device, repeats)
-    print(f"  kvsim LLMEngine (block_size {args.block_size}): {kv_rate:10.1f} tok/s  {kv_s:7.2f} s")
+    print(
+        f"  kvsim LLMEngine ({args.scheduler}, block_size {args.block_size}): "
+        f"{kv_rate:10.1f} tok/s  {kv_s:7.2f} s"
+    )
     if args.skip_transformers:
         return
     model = hf_model(args.model, args.device, args.dtype)

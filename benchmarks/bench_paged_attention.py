@@ -1,14 +1,17 @@
-"""Decode attention: paged (K/V read through block tables) vs dense SDPA on contiguous K/V.
+"""Paged attention (K/V read through block tables) vs dense SDPA on contiguous K/V.
 
-Every side attends one query token per sequence to `--context` keys with the same shapes; the
-dense side reads K/V stored contiguously as [batch, kv_heads, context, head_dim] (the best case
-for torch's SDPA), the paged sides read them from a pool of shuffled physical blocks through
-both decode backends: "torch" (gather, then SDPA) and "cpu_kernel" (engine/cpu_decode.py's C
-kernel, the engine's choice on CPU in float32; skipped where it is unavailable).
+Every sequence of the batch computes its last `--chunk` tokens of `--context` (1: a decode; more:
+a prefill chunk over `context - chunk` cached tokens, as vLLM v1 schedules it), with the same
+shapes on every side. The dense side reads K/V stored contiguously as [batch, kv_heads,
+context, head_dim] (the best case for torch's SDPA; bottom-right causal for a chunk), the paged
+sides read them from a pool of shuffled physical blocks through both backends: "torch" (gather,
+then SDPA) and "cpu_kernel" (engine/cpu_decode.py's C kernel, the engine's choice on CPU in
+float32; skipped where it is unavailable).
 The sides are timed in turns, so machine noise hits them alike. Prints the median time per call
 and the ratios paged / dense (target <= 1.5 for the backend the engine uses).
 
     python benchmarks/bench_paged_attention.py [--device cuda] [--batch 32 --context 1024]
+    python benchmarks/bench_paged_attention.py --batch 1 --chunk 64 --context 2048
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from engine.attention import (
     AttentionMetadata,
     DecodeBackend,
     GatherWorkspace,
     build_attention_metadata,
-    decode_attention,
+    prefill_attention,
 )
 from engine.cpu_decode import load_cpu_decode
 from engine.loader import resolve_dtype
@@ -72,12 +76,37 @@ def _paged_pool(
     return k_cache, v_cache, order.view(batch, blocks_per_seq).tolist()
 
 
+def _dense_attention(
+    query: torch.Tensor, k_dense: torch.Tensor, v_dense: torch.Tensor, chunk: int
+) -> Callable[[], torch.Tensor]:
+    """SDPA on the contiguous K/V [B, KVH, L, D]: query [B * chunk, H, D] -> [B * chunk, H, D].
+
+    A decode folds the query heads of each kv head into query rows ([B, KVH, G, D]: no K/V
+    copy); a chunk is bottom-right causal with K/V shared by each GQA group (enable_gqa)."""
+    batch, kv_heads, ctx, dim = k_dense.shape
+    heads = query.shape[1]
+    if chunk == 1:
+        q_folded = query.view(batch, kv_heads, heads // kv_heads, dim)
+        return lambda: F.scaled_dot_product_attention(q_folded, k_dense, v_dense).view(
+            batch, heads, dim
+        )
+    q = query.view(batch, chunk, heads, dim).transpose(1, 2)  # [B, H, n, D]
+    mask = causal_lower_right(chunk, ctx)
+
+    def dense() -> torch.Tensor:
+        out = F.scaled_dot_product_attention(q, k_dense, v_dense, attn_mask=mask, enable_gqa=True)
+        return out.transpose(1, 2).reshape(batch * chunk, heads, dim)
+
+    return dense
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--chunk", type=int, default=1, help="new tokens per sequence (1: decode)")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -93,19 +122,25 @@ def main() -> None:
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
     gen = torch.Generator().manual_seed(0)
 
-    # dense: contiguous K/V [B, KVH, L, D], queries folded per KV group [B, KVH, G, D]
+    chunk = args.chunk
+    if not 1 <= chunk <= ctx:
+        parser.error(f"--chunk {chunk} must be in 1..--context {ctx}")
     k_dense = torch.randn(batch, kv_heads, ctx, dim, generator=gen).to(device, dtype)
     v_dense = torch.randn(batch, kv_heads, ctx, dim, generator=gen).to(device, dtype)
-    query = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
-    q_dense = query.view(batch, kv_heads, heads // kv_heads, dim)
+    query = torch.randn(batch * chunk, heads, dim, generator=gen).to(device, dtype)  # [T, H, D]
+    key = k_dense[:, :, ctx - chunk :].transpose(1, 2).reshape(batch * chunk, kv_heads, dim)
+    value = v_dense[:, :, ctx - chunk :].transpose(1, 2).reshape(batch * chunk, kv_heads, dim)
     k_cache, v_cache, tables = _paged_pool(k_dense, v_dense, bs, gen)
+    dense_fn = _dense_attention(query, k_dense, v_dense, chunk)
 
     def metadata(backend: DecodeBackend) -> AttentionMetadata:
         return build_attention_metadata(
-            query_lens=[1] * batch,
+            query_lens=[chunk] * batch,
             context_lens=[ctx] * batch,
             block_tables=tables,
-            slot_mapping=[t[(ctx - 1) // bs] * bs + (ctx - 1) % bs for t in tables],
+            slot_mapping=[
+                t[p // bs] * bs + p % bs for t in tables for p in range(ctx - chunk, ctx)
+            ],
             block_size=bs,
             device=device,
             dtype=dtype,
@@ -116,20 +151,19 @@ def main() -> None:
     metas = {"torch": metadata("torch"), "cpu_kernel": metadata("auto")}
     if metas["cpu_kernel"].decode_backend != "cpu_kernel":
         del metas["cpu_kernel"]
-    fns: dict[str, Callable[[], object]] = {
-        "dense": lambda: F.scaled_dot_product_attention(q_dense, k_dense, v_dense)
-    }
+    fns: dict[str, Callable[[], object]] = {"dense": dense_fn}
     for name, meta in metas.items():
-        fns[name] = lambda meta=meta: decode_attention(query, k_cache, v_cache, meta)
+        fns[name] = lambda meta=meta: prefill_attention(query, key, value, k_cache, v_cache, meta)
     with torch.inference_mode():
-        dense_out = F.scaled_dot_product_attention(q_dense, k_dense, v_dense)
+        dense_out = dense_fn()
         for meta in metas.values():
-            paged_out = decode_attention(query, k_cache, v_cache, meta)
-            torch.testing.assert_close(paged_out, dense_out.reshape(batch, heads, dim))
+            paged_out = prefill_attention(query, key, value, k_cache, v_cache, meta)
+            torch.testing.assert_close(paged_out, dense_out, atol=1e-4, rtol=1e-4)
         seconds = _median_seconds(fns, device, args.repeats, args.iters)
 
+    what = "decode" if chunk == 1 else f"prefill-chunk ({chunk} new tokens per sequence)"
     print(
-        f"decode attention on {device} ({args.dtype}, threads={torch.get_num_threads()}): "
+        f"{what} attention on {device} ({args.dtype}, threads={torch.get_num_threads()}): "
         f"batch={batch} context={ctx} heads={heads} kv_heads={kv_heads} head_dim={dim} "
         f"block_size={bs}; median of {args.repeats} x {args.iters} calls"
     )

@@ -21,6 +21,10 @@ from engine.events import EventKind, EventRecorder, EventSink, StepKind
 from engine.scheduler import Scheduler
 from engine.scheduler_output import SchedulerConfig, SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.v1_scheduler import V1Scheduler  # registers itself as Scheduler's v1 counterpart
+
+# isort: split
+from engine.fast_v1 import FastV1Scheduler  # registers itself as FastDecodeScheduler's
 
 __all__ = [
     "BlockManager",
@@ -31,6 +35,7 @@ __all__ = [
     "EventKind",
     "EventRecorder",
     "EventSink",
+    "FastV1Scheduler",
     "InvariantError",
     "OutOfBlocksError",
     "ReservationError",
@@ -43,6 +48,7 @@ __all__ = [
     "SequenceStatus",
     "Slot",
     "StepKind",
+    "V1Scheduler",
     "blocks_needed",
 ]
 

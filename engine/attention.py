@@ -1,24 +1,21 @@
-"""PagedAttention in plain torch: attention over K/V stored in fixed-size blocks.
+"""PagedAttention: attention over K/V stored in fixed-size blocks, for any mix of decodes and
+prefill chunks in one step.
 
 A step's tokens arrive flat: [T, heads, head_dim], every scheduled sequence's new tokens
-concatenated in batch order. Sequence b has query_len q_b new tokens at positions
-[c_b, c_b + q_b) and reads context_len = c_b + q_b keys through its block table
-(entry i holds tokens [i*block_size, (i+1)*block_size)).
+concatenated in batch order. Sequence b has query_len n_b new tokens at positions
+[c_b, c_b + n_b) (c_b tokens already cached: its own earlier chunks, prefix-cache hits, or
+nothing) and reads context_len = c_b + n_b keys through its block table (entry i holds tokens
+[i*block_size, (i+1)*block_size)). Every step first writes its K/V at slot_mapping, so each
+query at position p attends to positions [0, p] of its sequence, all of them in the pool. A
+decode is n_b = 1 at position num_tokens - 1.
 
-- Decode (one new token per sequence) has two backends, chosen per step by
-  build_attention_metadata(decode_backend=...):
-  - "cpu_kernel" (the default on CPU in float32, when engine.cpu_decode could build it): a C
-    kernel reads K/V in place through the block tables, one thread per (sequence, kv head) at
-    a time, each over its own context length (no padding, no mask);
-  - "torch" (CUDA, half precision, no C compiler, or asked for): every sequence's K/V is
-    gathered through its block table into a padded [B, kv_heads, L, head_dim] view with one
-    index_select, and an additive mask hides each sequence's padding. A large ragged batch is
-    first sorted by context length and cut into at most 4 groups, each padded to its own
-    longest context (a loop over groups, never over sequences). The query heads of a GQA
-    group are folded into the query-row axis, so K/V are never copied per query head.
-- Prefill runs one fused SDPA call per sequence (the work is quadratic in its length, the loop
-  is not the cost): causal on this step's K/V when nothing is cached, and bottom-right causal
-  over the K/V gathered from the cache when the sequence resumes with cached tokens.
+Two backends, chosen per step by build_attention_metadata(decode_backend=...):
+- "cpu_kernel" (the default on CPU in float32, when engine.cpu_decode could build it): a C
+  kernel reads K/V in place through the block tables for every query row of the step,
+  decodes and chunks alike, in one call per layer (rows of one chunk share a walk over K/V).
+- "torch" (CUDA, half precision, no C compiler, or asked for): engine.attention_torch gathers
+  K/V through the block tables and calls SDPA: single-token rows batched in length groups,
+  each longer chunk with one SDPA call.
 """
 
 from __future__ import annotations
@@ -28,54 +25,35 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
+from engine.attention_torch import (
+    DecodeGroup,
+    GatherWorkspace,
+    PrefillChunk,
+    chunk_attention,
+    decode_groups,
+    gather_kv,
+    padded_tensor,
+    single_token_attention,
+)
 from engine.cpu_decode import CpuKernelUnavailableError, load_cpu_decode
 from engine.kv_cache import write_kv
 
+__all__ = [
+    "AttentionMetadata",
+    "DecodeBackend",
+    "DecodeGroup",
+    "GatherWorkspace",
+    "PrefillChunk",
+    "build_attention_metadata",
+    "decode_attention",
+    "gather_kv",
+    "paged_attention",
+    "prefill_attention",
+    "resolve_decode_backend",
+]
+
 DecodeBackend = Literal["auto", "torch", "cpu_kernel"]
-
-
-class GatherWorkspace:
-    """Reusable scratch rows for decode's K/V gathers, grown on demand.
-
-    Gathering into fresh tensors in every layer of every step makes the CPU allocator map and
-    page-fault megabytes each time (4x slower decode on CPU); one workspace per engine avoids it.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def rows(self, name: str, num_rows: int, like: torch.Tensor) -> torch.Tensor:
-        """A [num_rows, like.shape[1]] buffer with like's dtype and device (contents undefined)."""
-        buf = self._buffers.get(name)
-        if (
-            buf is None
-            or buf.shape[0] < num_rows
-            or buf.shape[1] != like.shape[1]
-            or buf.dtype != like.dtype
-            or buf.device != like.device
-        ):
-            size = num_rows + num_rows // 4  # headroom: batches grow step by step
-            buf = torch.empty(size, like.shape[1], dtype=like.dtype, device=like.device)
-            self._buffers[name] = buf
-        return buf[:num_rows]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecodeGroup:
-    """Decode sequences of similar context length, gathered and attended together."""
-
-    index: torch.Tensor | None  # [g] int64 rows of the batch; None: the whole batch, in order
-    block_tables: torch.Tensor  # [g, nb] int64, padded with block 0
-    max_context_len: int  # L: keys gathered per sequence
-    mask: torch.Tensor | None  # additive 0 / -inf [g, 1, 1, L]; None if no padding
-
-
-MAX_DECODE_GROUPS = 4  # decode batches split into at most this many length groups ...
-MIN_DECODE_GROUP = 8  # ... of at least this many sequences ...
-MIN_PADDING_SAVED = 0.2  # ... when that saves this share of the padded keys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,12 +63,17 @@ class AttentionMetadata:
     is_decode: bool  # every sequence has exactly one new token
     slot_mapping: torch.Tensor  # [T] int64, flat slot of every new token
     block_tables: torch.Tensor  # [B, max_blocks] int64, context blocks, padded with block 0
-    decode_groups: tuple[DecodeGroup, ...]  # decode: the batch split by context length
+    decode_groups: tuple[DecodeGroup, ...]  # torch: the single-token rows split by length
     query_lens: tuple[int, ...]  # per sequence: new tokens this step
     context_lens: tuple[int, ...]  # per sequence: cached + new tokens (keys it reads)
     workspace: GatherWorkspace | None = None  # scratch for decode gathers
-    decode_backend: Literal["torch", "cpu_kernel"] = "torch"  # prefill steps: always "torch"
-    context_lens_tensor: torch.Tensor | None = None  # [B] int64 (CPU), cpu_kernel only
+    decode_backend: Literal["torch", "cpu_kernel"] = "torch"  # the backend of every row
+    # cpu_kernel: [R] int64 (CPU) keys each query row reads; R = B in decode steps, else T
+    context_lens_tensor: torch.Tensor | None = None
+    row_seqs: torch.Tensor | None = None  # cpu_kernel, not decode: [T] batch row of each token
+    single_token_rows: torch.Tensor | None = None  # torch, not decode: [B1] token index of
+    # each single-token sequence (decode_groups index these rows)
+    chunks: tuple[PrefillChunk, ...] = ()  # torch, not decode: the sequences with n > 1
 
 
 def build_attention_metadata(
@@ -107,9 +90,10 @@ def build_attention_metadata(
 ) -> AttentionMetadata:
     """Index tensors for one step; lists are per sequence in batch order (counts in tokens).
 
-    `decode_backend` (decode steps only): "auto" picks "cpu_kernel" for float32 on CPU when
-    the kernel is available, else "torch"; naming a backend forces it. The torch path's decode
-    mask is additive and in the model's `dtype`, so SDPA uses it as is.
+    `decode_backend`: "auto" picks "cpu_kernel" for float32 on CPU when the kernel is
+    available, else "torch"; naming a backend forces it. It serves decodes and prefill chunks
+    alike. The torch path's decode mask is additive and in the model's `dtype`, so SDPA uses it
+    as is.
     """
     if not (len(query_lens) == len(context_lens) == len(block_tables)) or not query_lens:
         raise ValueError(
@@ -127,34 +111,66 @@ def build_attention_metadata(
     if any(len(t) < n for t, n in zip(block_tables, needed)):
         raise ValueError(f"a block table is shorter than its context of {context_lens} tokens")
     tables = [t[:n] for t, n in zip(block_tables, needed)]
+    backend = resolve_decode_backend(decode_backend, device, dtype)
+    padded = padded_tensor(tables, device)
     groups: tuple[DecodeGroup, ...] = ()
-    backend = resolve_decode_backend(decode_backend, device, dtype) if is_decode else "torch"
-    lens_tensor = None
-    if backend == "cpu_kernel":
+    lens_tensor = row_seqs = single_rows = None
+    chunks: tuple[PrefillChunk, ...] = ()
+    if backend == "cpu_kernel" and is_decode:
         lens_tensor = torch.tensor(context_lens, dtype=torch.int64)
+    elif backend == "cpu_kernel":
+        row_seqs, lens_tensor = _kernel_rows(query_lens, context_lens)
     elif is_decode:
-        groups = tuple(
-            _decode_group(rows, tables, context_lens, batch_order, device, dtype)
-            for rows, batch_order in _split_by_length(context_lens)
+        groups = decode_groups(tables, context_lens, device, dtype)
+    else:
+        starts = [0, *itertools.accumulate(query_lens)][:-1]
+        chunks = tuple(
+            PrefillChunk(
+                start=start,
+                num_tokens=n,
+                context_len=ctx,
+                block_table=None if ctx == n else padded[b : b + 1, : -(-ctx // block_size)],
+            )
+            for b, (start, n, ctx) in enumerate(zip(starts, query_lens, context_lens))
+            if n > 1
         )
+        singles = [b for b, n in enumerate(query_lens) if n == 1]
+        if singles:
+            single_rows = torch.tensor([starts[b] for b in singles], dtype=torch.int64).to(device)
+            groups = decode_groups(
+                [tables[b] for b in singles], [context_lens[b] for b in singles], device, dtype
+            )
     return AttentionMetadata(
         is_decode=is_decode,
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64).to(device),
-        block_tables=_padded_tensor(tables, device),
+        block_tables=padded,
         decode_groups=groups,
         query_lens=tuple(query_lens),
         context_lens=tuple(context_lens),
         workspace=workspace,
         decode_backend=backend,
         context_lens_tensor=lens_tensor,
+        row_seqs=row_seqs,
+        single_token_rows=single_rows,
+        chunks=chunks,
     )
+
+
+def _kernel_rows(query_lens: list[int], context_lens: list[int]) -> tuple[torch.Tensor, ...]:
+    """Per token row: its sequence's batch row and the keys it reads (its position + 1)."""
+    counts = torch.tensor(query_lens, dtype=torch.int64)
+    ends = torch.tensor(context_lens, dtype=torch.int64)
+    row_seqs = torch.repeat_interleave(torch.arange(len(query_lens)), counts)  # [T]
+    # token i of sequence b reads ctx_b - n_b + 1 + i keys
+    offset = (ends - counts + 1 - (counts.cumsum(0) - counts)).repeat_interleave(counts)
+    return row_seqs, offset + torch.arange(int(counts.sum()))
 
 
 def resolve_decode_backend(
     requested: DecodeBackend, device: torch.device | str, dtype: torch.dtype
 ) -> Literal["torch", "cpu_kernel"]:
-    """The decode backend for tensors of `dtype` on `device`; "cpu_kernel" only for float32 on
-    CPU, and only if the kernel could be built (load_cpu_decode().reason says why not)."""
+    """The attention backend for tensors of `dtype` on `device`; "cpu_kernel" only for float32
+    on CPU, and only if the kernel could be built (load_cpu_decode().reason says why not)."""
     if requested == "torch":
         return "torch"
     if requested not in ("auto", "cpu_kernel"):
@@ -170,173 +186,7 @@ def resolve_decode_backend(
     return "cpu_kernel"
 
 
-def _padded_tensor(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:
-    width = max(1, max(len(t) for t in tables))
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64).to(device)
-
-
-def _split_by_length(context_lens: list[int]) -> list[tuple[list[int], bool]]:
-    """Rows of each decode group, and whether the group is the whole batch in order.
-
-    Sorted by context length and cut into equal-count groups when that saves enough padding
-    (each group is padded to its own longest context instead of the batch's).
-    """
-    batch = len(context_lens)
-    num_groups = min(MAX_DECODE_GROUPS, batch // MIN_DECODE_GROUP)
-    if num_groups > 1:
-        order = sorted(range(batch), key=context_lens.__getitem__)
-        cuts = [batch * i // num_groups for i in range(num_groups + 1)]
-        grouped = sum((b - a) * context_lens[order[b - 1]] for a, b in itertools.pairwise(cuts))
-        if grouped <= (1 - MIN_PADDING_SAVED) * batch * max(context_lens):
-            return [(order[a:b], False) for a, b in itertools.pairwise(cuts)]
-    return [(list(range(batch)), True)]
-
-
-def _decode_group(
-    rows: list[int],
-    tables: list[list[int]],
-    context_lens: list[int],
-    batch_order: bool,
-    device: torch.device | str,
-    dtype: torch.dtype,
-) -> DecodeGroup:
-    ctx = [context_lens[r] for r in rows]
-    max_ctx = max(ctx)
-    mask = None
-    if min(ctx) < max_ctx:
-        keys = torch.arange(max_ctx)[None, :]  # [1, L]
-        hidden = keys >= torch.tensor(ctx)[:, None]  # [g, L]
-        additive = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
-        mask = additive[:, None, None, :].to(device)  # [g, 1, 1, L]
-    return DecodeGroup(
-        index=None if batch_order else torch.tensor(rows, dtype=torch.int64).to(device),
-        block_tables=_padded_tensor([tables[r] for r in rows], device),
-        max_context_len=max_ctx,
-        mask=mask,
-    )
-
-
-# --- kernels ---------------------------------------------------------------------------------
-
-
-def gather_kv(
-    cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    length: int,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """cache [N, bs, KVH, D] through block_tables [B, nb] -> [B, KVH, length, D] (a view).
-
-    `out`, if given, receives the copied blocks: [B * nb, bs * KVH * D].
-    """
-    batch, num_blocks = block_tables.shape
-    total, block_size, kv_heads, head_dim = cache.shape
-    # one contiguous row per physical block: index_select copies whole blocks (memcpy-like)
-    pool = cache.view(total, -1)  # [N, bs*KVH*D]
-    index = block_tables.reshape(-1)  # [B*nb]
-    rows = (
-        pool.index_select(0, index) if out is None else torch.index_select(pool, 0, index, out=out)
-    )
-    flat = rows.view(batch, num_blocks * block_size, kv_heads, head_dim)
-    return flat[:, :length].transpose(1, 2)  # [B, KVH, L, D]
-
-
-def decode_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    meta: AttentionMetadata,
-) -> torch.Tensor:
-    """query [B, H, D] (one token per sequence, K/V already cached) -> [B, H, D]."""
-    if meta.decode_backend == "cpu_kernel":
-        return _kernel_decode(query, key_cache, value_cache, meta)
-    batch, heads, head_dim = query.shape
-    kv_heads = key_cache.shape[2]
-    q = query.view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, KVH, G, D]
-    groups = meta.decode_groups
-    if len(groups) == 1 and groups[0].index is None:
-        out = _decode_group_attention(q, key_cache, value_cache, groups[0], meta.workspace)
-    else:
-        out = torch.empty_like(q)
-        for group in groups:
-            assert group.index is not None
-            q_group = q.index_select(0, group.index)  # [g, KVH, G, D]
-            o = _decode_group_attention(q_group, key_cache, value_cache, group, meta.workspace)
-            out.index_copy_(0, group.index, o)
-    return out.reshape(batch, heads, head_dim)
-
-
-def _kernel_decode(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    meta: AttentionMetadata,
-) -> torch.Tensor:
-    """Decode through engine.cpu_decode's kernel (inference only: it has no backward)."""
-    kernel = load_cpu_decode().kernel
-    assert kernel is not None and meta.context_lens_tensor is not None  # checked when built
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key_cache, value_cache)):
-        raise ValueError("the CPU decode kernel has no backward: use decode_backend='torch'")
-    return kernel.paged_decode(
-        query.contiguous(), key_cache, value_cache, meta.block_tables, meta.context_lens_tensor
-    )
-
-
-def _decode_group_attention(
-    q: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    group: DecodeGroup,
-    work: GatherWorkspace | None,
-) -> torch.Tensor:
-    """q [g, KVH, G, D] -> [g, KVH, G, D] over the group's gathered K/V."""
-    tables, length = group.block_tables, group.max_context_len
-    k_rows = v_rows = None
-    if work is not None:
-        k_rows = work.rows("key", tables.numel(), key_cache.view(key_cache.shape[0], -1))
-        v_rows = work.rows("value", tables.numel(), value_cache.view(value_cache.shape[0], -1))
-    k = gather_kv(key_cache, tables, length, k_rows)  # [g, KVH, L, D]
-    v = gather_kv(value_cache, tables, length, v_rows)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask)
-
-
-def prefill_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    meta: AttentionMetadata,
-) -> torch.Tensor:
-    """query [T, H, D], this step's key/value [T, KVH, D] -> [T, H, D].
-
-    Causal within each sequence; a sequence with cached tokens also attends to all of them
-    (read from the cache, which already holds this step's K/V).
-    """
-    heads, kv_heads = query.shape[1], key.shape[1]
-    group = heads // kv_heads
-    block_size = key_cache.shape[1]
-    outs = []
-    start = 0
-    for index, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
-        q = query[start : start + n].transpose(0, 1)  # [H, n, D]
-        if ctx == n:  # nothing cached: this step's K/V are the whole context
-            k = _per_query_head(key[start : start + n], group)  # [H, n, D]
-            v = _per_query_head(value[start : start + n], group)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [H, n, D]
-        else:  # resumed: keys [0, ctx) from the cache; query i sits at position ctx - n + i
-            table = meta.block_tables[index : index + 1, : -(-ctx // block_size)]  # [1, nb]
-            k = gather_kv(key_cache, table, ctx)[0].repeat_interleave(group, dim=0)  # [H,ctx,D]
-            v = gather_kv(value_cache, table, ctx)[0].repeat_interleave(group, dim=0)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, ctx))
-        outs.append(out.transpose(0, 1))  # [n, H, D]
-        start += n
-    return torch.cat(outs) if len(outs) > 1 else outs[0].contiguous()
-
-
-def _per_query_head(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x [n, KVH, D] -> [KVH * group, n, D]: each K/V head repeated for its query heads."""
-    return x.transpose(0, 1).repeat_interleave(group, dim=0)
+# --- attention -------------------------------------------------------------------------------
 
 
 def paged_attention(
@@ -352,3 +202,70 @@ def paged_attention(
     if meta.is_decode:
         return decode_attention(query, key_cache, value_cache, meta)
     return prefill_attention(query, key, value, key_cache, value_cache, meta)
+
+
+def decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """A decode step: query [B, H, D] (one token per sequence, K/V already cached) -> [B, H, D]."""
+    if meta.decode_backend == "cpu_kernel":
+        return _kernel_attention(query, key_cache, value_cache, meta)
+    return single_token_attention(query, key_cache, value_cache, meta.decode_groups, meta.workspace)
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """A step with prefill chunks (and maybe decodes): query [T, H, D], this step's key/value
+    [T, KVH, D] (already in the cache) -> [T, H, D].
+
+    Causal within each sequence; a sequence with cached tokens also attends to all of them.
+    """
+    if meta.decode_backend == "cpu_kernel":
+        return _kernel_attention(query, key_cache, value_cache, meta)
+    if meta.is_decode:
+        return decode_attention(query, key_cache, value_cache, meta)
+    if meta.single_token_rows is None and len(meta.chunks) == 1:
+        return chunk_attention(query, key, value, key_cache, value_cache, meta.chunks[0])
+    out = torch.empty_like(query)
+    if meta.single_token_rows is not None:
+        rows = meta.single_token_rows
+        singles = single_token_attention(
+            query.index_select(0, rows), key_cache, value_cache, meta.decode_groups, meta.workspace
+        )
+        out.index_copy_(0, rows, singles)
+    for chunk in meta.chunks:
+        span = slice(chunk.start, chunk.start + chunk.num_tokens)
+        out[span] = chunk_attention(
+            query[span], key[span], value[span], key_cache, value_cache, chunk
+        )
+    return out
+
+
+def _kernel_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """Every query row through engine.cpu_decode's kernel (inference only: it has no backward)."""
+    kernel = load_cpu_decode().kernel
+    assert kernel is not None and meta.context_lens_tensor is not None  # checked when built
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key_cache, value_cache)):
+        raise ValueError("the CPU attention kernel has no backward: use decode_backend='torch'")
+    return kernel.paged_attention(
+        query.contiguous(),
+        key_cache,
+        value_cache,
+        meta.block_tables,
+        meta.context_lens_tensor,
+        meta.row_seqs,
+    )

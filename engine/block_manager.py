@@ -3,10 +3,12 @@
 The BlockManager is the only record of KV memory. It hands out physical blocks
 ``0 .. num_blocks - 1`` from a FIFO free queue (a fresh manager gives 0, 1, 2, ...; freed
 blocks go to the back), keeps an owner table and a reference count per block, and checks
-DESIGN.md's invariants on demand. It imports no torch.
+docs/design.md's invariants on demand. It imports no torch.
 
-Reference counts and the owner table leave room for prefix caching (shared, hashed full
-blocks kept as evictable cache), which a later change adds; today every count is 0 or 1.
+The classic scheduler uses the methods here (every reference count is 0 or 1). The v1
+scheduler uses vLLM's free-queue order, shared blocks and the prefix cache, in the methods
+inherited from ``KVCacheManagerMixin`` (engine/kv_cache_manager.py); ``enable_prefix_caching``
+matters only to those.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 
 from engine.errors import DoubleFreeError, InvariantError, OutOfBlocksError
 from engine.events import EventKind, EventSink
-from engine.invariants import FREE_OWNER, check_block_manager
+from engine.invariants import FREE_OWNER, check_block_manager, check_v1_block_manager
+from engine.kv_cache_manager import KVCacheManagerMixin
 from engine.sequence import Sequence
 
 # Enum members read through their class are slow on CPython 3.11; see engine/scheduler.py.
@@ -43,11 +46,13 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-class BlockManager:
+class BlockManager(KVCacheManagerMixin):
     """Owns ``num_blocks`` physical KV blocks of ``block_size`` tokens each.
 
     ``watermark`` (a fraction of ``num_blocks``) is kept free when admitting new prefills, as
     in vLLM, so running sequences have room to grow before anyone is preempted.
+    ``enable_prefix_caching`` keeps full blocks cached by content for reuse (v1 scheduler
+    only; the classic scheduler ignores it).
     """
 
     # A sequence's table holds exactly the blocks its cached tokens fill (a decode token that
@@ -60,6 +65,8 @@ class BlockManager:
         block_size: int,
         watermark: float = 0.0,
         event_sink: EventSink | None = None,
+        *,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
@@ -72,6 +79,9 @@ class BlockManager:
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_blocks)
         self.event_sink = event_sink
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._v1 = False  # set by use_v1_free_queue(): vLLM's free-queue order
+        self._num_stale = 0  # v1: dead entries in the free queue (see kv_cache_manager.py)
         # The FIFO free queue is a list read from ``_head`` (blocks before it are taken), so
         # a prefill takes its blocks as one C slice; it is compacted when half is dead.
         self._free: list[int] = list(range(num_blocks))
@@ -89,11 +99,12 @@ class BlockManager:
     # --- queries -----------------------------------------------------------------------
 
     def get_num_free_blocks(self) -> int:
-        return len(self._free) - self._head
+        """Free blocks; under v1 with prefix caching, evictable cached blocks included."""
+        return len(self._free) - self._head - self._num_stale
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free) + self._head
+        return self.num_blocks - len(self._free) + self._head + self._num_stale
 
     def can_allocate(self, num_tokens: int, seq: Sequence | None = None) -> bool:
         """Whether a prefill of ``num_tokens`` tokens fits, keeping the watermark in reserve.
@@ -311,7 +322,23 @@ class BlockManager:
     # --- invariants --------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """Verify DESIGN.md's invariants; raise ``InvariantError`` naming block and sequence."""
+        """Check docs/design.md's invariants; raise ``InvariantError`` naming block and sequence."""
+        if self._v1:
+            check_v1_block_manager(
+                self.num_blocks,
+                self.block_size,
+                self._free,
+                self._head,
+                self._queue_pos,
+                self._num_stale,
+                self._ref_counts,
+                self._owners,
+                self._seqs,
+                self._cached,
+                [k if h else None for k, h in zip(self._block_key.tolist(), self._has_key)],
+                self._private_c,
+            )
+            return
         check_block_manager(
             self.num_blocks,
             self.block_size,

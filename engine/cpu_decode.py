@@ -1,4 +1,5 @@
-"""A compiled CPU kernel for decode attention in float32, loaded with ctypes.
+"""A compiled CPU kernel for paged attention in float32 (decodes and prefill chunks over
+cached context), loaded with ctypes.
 
 engine/csrc/paged_decode.c (plain C and OpenMP, no torch headers) reads K and V in place through
 the block tables, where the torch path first gathers them into a padded copy. It is compiled on
@@ -9,7 +10,7 @@ concurrent processes never load a half-written library.
 
 The expected ways to be without the kernel — no C compiler, a compiler that cannot build the
 file, an unwritable cache folder, `KVSIM_CPU_KERNEL=0` — leave `load_cpu_decode().kernel`
-None with the reason in `.reason`; decode attention then runs the torch path. Anything else
+None with the reason in `.reason`; attention then runs the torch path. Anything else
 raises.
 """
 
@@ -39,6 +40,8 @@ COMPILE_TIMEOUT_S = 300
 _ERRORS = {
     1: "a block table names a block outside the pool",
     2: "a context length is < 1 or longer than its block table",
+    3: "a row names a sequence outside the block tables",
+    4: "out of memory",
 }
 
 
@@ -51,8 +54,8 @@ class CpuDecodeKernel:
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path  # the cached shared library
-        fn = library.kvsim_paged_decode_f32
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
+        fn = library.kvsim_paged_attention_f32
+        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
 
@@ -72,8 +75,32 @@ class CpuDecodeKernel:
         Deterministic: each output row is computed by one thread in a fixed order.
         `num_threads` defaults to torch.get_num_threads().
         """
-        _check_inputs(query, key_cache, value_cache, block_tables, context_lens)
-        batch, heads, head_dim = query.shape
+        return self.paged_attention(
+            query, key_cache, value_cache, block_tables, context_lens, num_threads=num_threads
+        )
+
+    def paged_attention(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        row_seqs: torch.Tensor | None = None,
+        *,
+        num_threads: int | None = None,
+    ) -> torch.Tensor:
+        """Query rows over their sequences' cached K/V: query [R, H, D] -> [R, H, D].
+
+        Row r attends to the first context_lens[r] tokens of sequence row_seqs[r] (its row of
+        block_tables [S, max_blocks]; row r when row_seqs is None, a decode step). A prefill
+        chunk of n tokens over c cached ones is n rows of one sequence with context lengths
+        c+1 .. c+n: causal attention, with the chunk's K/V already written to the cache.
+        Consecutive rows like these share one walk over the K/V. A row's output does not depend
+        on the other rows, the thread count or the schedule (bitwise).
+        """
+        _check_inputs(query, key_cache, value_cache, block_tables, context_lens, row_seqs)
+        rows, heads, head_dim = query.shape
         num_blocks, block_size, kv_heads, _ = key_cache.shape
         out = torch.empty_like(query)
         status: int = self._fn(
@@ -81,9 +108,11 @@ class CpuDecodeKernel:
             key_cache.data_ptr(),
             value_cache.data_ptr(),
             block_tables.data_ptr(),
+            None if row_seqs is None else row_seqs.data_ptr(),
             context_lens.data_ptr(),
             out.data_ptr(),
-            batch,
+            rows,
+            block_tables.shape[0],
             heads,
             kv_heads,
             head_dim,
@@ -94,7 +123,7 @@ class CpuDecodeKernel:
             torch.get_num_threads() if num_threads is None else num_threads,
         )
         if status:
-            raise IndexError(f"paged decode kernel: {_ERRORS.get(status, f'status {status}')}")
+            raise IndexError(f"paged attention kernel: {_ERRORS.get(status, f'status {status}')}")
         return out
 
 
@@ -104,25 +133,35 @@ def _check_inputs(
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
+    row_seqs: torch.Tensor | None,
 ) -> None:
-    named = {"query": query, "key_cache": key_cache, "value_cache": value_cache}
-    for name, t in [*named.items(), ("block_tables", block_tables), ("context_lens", context_lens)]:
-        want = torch.int64 if name in ("block_tables", "context_lens") else torch.float32
+    named = {
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_tables": block_tables,
+        "context_lens": context_lens,
+    }
+    if row_seqs is not None:
+        named["row_seqs"] = row_seqs
+    for name, t in named.items():
+        want = torch.float32 if name in ("query", "key_cache", "value_cache") else torch.int64
         if t.device.type != "cpu" or t.dtype != want or not t.is_contiguous():
             raise ValueError(
                 f"{name} must be a contiguous CPU {want} tensor, got {t.dtype} on {t.device} "
                 f"(contiguous: {t.is_contiguous()})"
             )
-    batch, heads, head_dim = query.shape
+    rows, heads, head_dim = query.shape
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise ValueError(f"key_cache {key_cache.shape} and value_cache {value_cache.shape} differ")
     kv_heads = key_cache.shape[2]
     if key_cache.shape[3] != head_dim or not 1 <= kv_heads <= heads or heads % kv_heads:
         raise ValueError(f"query {query.shape} does not fit a cache of shape {key_cache.shape}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch or context_lens.shape != (batch,):
+    seqs_ok = block_tables.shape[0] == rows if row_seqs is None else row_seqs.shape == (rows,)
+    if block_tables.dim() != 2 or context_lens.shape != (rows,) or not seqs_ok:
         raise ValueError(
-            f"block_tables {block_tables.shape} / context_lens {context_lens.shape} "
-            f"for a batch of {batch}"
+            f"block_tables {block_tables.shape} / context_lens {context_lens.shape} / row_seqs "
+            f"{None if row_seqs is None else row_seqs.shape} for {rows} query rows"
         )
 
 

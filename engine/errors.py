@@ -17,7 +17,7 @@ class DoubleFreeError(EngineError):
 
 
 class InvariantError(EngineError):
-    """The BlockManager's bookkeeping broke one of DESIGN.md's invariants."""
+    """The BlockManager's bookkeeping broke one of the invariants of docs/design.md."""
 
 
 class SchedulerError(EngineError):

@@ -32,6 +32,13 @@ class EventKind(enum.IntEnum):
     ABORT = 8  # cancelled by the caller
     REJECT = 9  # can never fit (pool, max_model_len or token budget)
     STEP = 10  # one scheduled step (prefill or decode)
+    # Prefix caching (v1 scheduler only). With record_hashes (below) these carry what a
+    # vLLM-style KV-event export needs: CACHE is BlockStored, EVICT is BlockRemoved,
+    # CACHE_RESET is AllBlocksCleared.
+    PREFIX_HIT = 11  # admission served num_tokens tokens from the cache: block_ids are the hits
+    CACHE = 12  # block_ids were cached under their keys; num_tokens = table index of the first
+    EVICT = 13  # block_ids, free and cached, were taken for reuse: their keys left the cache
+    CACHE_RESET = 14  # reset_prefix_cache(): every key left the cache
 
 
 class StepKind(enum.IntEnum):
@@ -39,6 +46,7 @@ class StepKind(enum.IntEnum):
 
     PREFILL = 0
     DECODE = 1
+    MIXED = 2  # v1: decodes and prefill chunks in one step
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -49,6 +57,10 @@ NO_SEQ = -1
 
 class EventSink(Protocol):
     """Where the BlockManager and Scheduler send events."""
+
+    # Whether to send CACHE, EVICT and CACHE_RESET events (and their keys): one or two per
+    # block under v1 prefix caching, which a consumer that only needs PREFIX_HIT may skip.
+    prefix_cache_events: bool
 
     def begin_step(self, step: int) -> None:
         """Stamp the events that follow with scheduler step ``step``."""
@@ -79,6 +91,10 @@ class EventSink(Protocol):
         ``record_appends`` (sequence ``seq_ids[i]`` got block ``block_ids[i]``) and
         ``record_step`` of ``num_seqs`` sequences one token each would record it;
         ``free_blocks`` is the count after the step's appends."""
+
+    def record_hashes(self, block_hashes: BlockIds[int]) -> None:
+        """The prefix-cache keys of the blocks of the CACHE or EVICT event just recorded,
+        in order (signed 64-bit ints)."""
 
 
 def _zero_clock() -> float:
@@ -195,17 +211,24 @@ class EventRecorder:
         on_chunk: ChunkCallback | None = None,
         keep_kinds: Iterable[EventKind] | None = None,
         keep_block_ids: bool = True,
+        keep_block_hashes: bool = False,
+        prefix_cache_events: bool = True,
     ) -> None:
         """``on_chunk`` receives every packed chunk; the recorder itself keeps the events of
         ``keep_kinds`` only (all kinds when None) and, without ``keep_block_ids``, only each
         event's first block id (column ``first_block``, -1 for none), so a streamed run stays
-        small in memory."""
+        small in memory. With ``keep_block_hashes`` it keeps the keys of every CACHE and
+        EVICT event's blocks (``block_hashes()``), for a KV-event export; without
+        ``prefix_cache_events`` the engine sends no CACHE, EVICT or CACHE_RESET events."""
         self.clock = clock
         self.step = 0
         self.chunk_size = chunk_size
         self.on_chunk = on_chunk
         self.keep_kinds = None if keep_kinds is None else np.array(sorted(keep_kinds))
         self.keep_block_ids = keep_block_ids
+        self.keep_block_hashes = keep_block_hashes
+        self.prefix_cache_events = prefix_cache_events
+        self._block_hashes = array("q")
         self._rows = bytearray()  # packed _ROW structs
         self._rows_limit = chunk_size * _ROW.size
         self._pack_row = _ROW.pack
@@ -289,6 +312,15 @@ class EventRecorder:
         self._step_num_seqs.append(num_seqs)
         if len(rows) >= self._rows_limit or len(self._run_seq_ids) >= self.chunk_size:
             self._pack()
+
+    def record_hashes(self, block_hashes: BlockIds[int]) -> None:
+        if self.keep_block_hashes:
+            self._block_hashes.extend(block_hashes)
+
+    def block_hashes(self) -> np.ndarray:
+        """int64 keys of the blocks of every CACHE and EVICT event, in event order (each
+        event's ``num_blocks`` of them); empty unless ``keep_block_hashes``."""
+        return np.array(self._block_hashes, dtype=np.int64)
 
     def _pack(self) -> None:
         if self._rows:

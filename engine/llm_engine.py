@@ -37,6 +37,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop", "length", "aborted" or a rejection reason
     num_preemptions: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache, latest admission
 
     @classmethod
     def from_sequence(cls, seq: Sequence) -> RequestOutput:
@@ -47,6 +48,7 @@ class RequestOutput:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             num_preemptions=seq.num_preemptions,
+            prefix_hit_tokens=seq.prefix_hit_tokens,
         )
 
 
@@ -58,6 +60,13 @@ class LLMEngine:
     as fit in `kv_cache_bytes`; with neither, 256 MiB on CPU, or 80% of the device memory left
     free after loading the weights on CUDA. `watermark` (a fraction of the pool) is kept free
     when admitting prefills, as in BlockManager.
+
+    `scheduler="v1"` (the default) schedules as vLLM 0.33's v1 scheduler: one budget of
+    `max_num_batched_tokens` per step shared by decodes and prefill chunks
+    (`enable_chunked_prefill`, `long_prefill_token_threshold`), `policy` "fcfs" or "priority",
+    and, with `enable_prefix_caching`, full blocks reused across requests by content.
+    `scheduler="classic"` is vLLM's 2023 scheduler (prefill or decode steps; those options are
+    ignored). Every step runs for real: prefill chunks attend to the K/V already in the pool.
     """
 
     def __init__(
@@ -75,6 +84,11 @@ class LLMEngine:
         watermark: float = 0.0,
         seed: int = 0,
         event_sink: EventSink | None = None,
+        enable_prefix_caching: bool = False,
+        scheduler: str = "v1",
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        policy: str = "fcfs",
     ) -> None:
         if num_blocks is not None and kv_cache_bytes is not None:
             raise ValueError("give num_blocks or kv_cache_bytes, not both")
@@ -101,13 +115,21 @@ class LLMEngine:
             device=device,
         )
         self._block_manager = BlockManager(
-            num_blocks, block_size, watermark=watermark, event_sink=event_sink
+            num_blocks,
+            block_size,
+            watermark=watermark,
+            event_sink=event_sink,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len or config.max_position_embeddings,
+                scheduler=scheduler,
+                enable_chunked_prefill=enable_chunked_prefill,
+                long_prefill_token_threshold=long_prefill_token_threshold,
+                policy=policy,
             ),
             self._block_manager,
         )
@@ -143,8 +165,10 @@ class LLMEngine:
         prompt_token_ids: TokenIds[int],
         sampling_params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        priority: int = 0,
     ) -> int:
-        """Queue a prompt; returns its request id (0, 1, 2, ... per engine).
+        """Queue a prompt; returns its request id (0, 1, 2, ... per engine). `priority` orders
+        requests under policy="priority" (lower first).
 
         Unless the request sets `eos_token_id` or `ignore_eos`, it stops at the checkpoint's
         EOS ids (config.json `eos_token_id`; presets have none).
@@ -156,7 +180,7 @@ class LLMEngine:
         request_id = self._next_request_id
         self._next_request_id += 1
         params = self._with_model_eos(sampling_params or SamplingParams())
-        seq = Sequence(request_id, list(prompt_token_ids), params, arrival_time)
+        seq = Sequence(request_id, list(prompt_token_ids), params, arrival_time, priority)
         self._scheduler.add_request(seq)
         return request_id
 

@@ -3,6 +3,10 @@
 It turns the scheduler's decision into tensors (input_ids, positions, slot_mapping, padded block
 tables, context lengths), runs the model over the paged KV cache and samples. It makes no policy
 decision and never changes a Sequence: the Scheduler applies the sampled tokens in update().
+
+A step may mix decodes and prefill chunks (vLLM v1 scheduling): sequence b computes its tokens
+[cached, cached + n) and only a sequence whose step reaches its last token (cached + n ==
+num_tokens) samples; the others' rows get token 0, which update() ignores, and no LM head.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from engine.kv_cache import KVCache
 from engine.models.llama import LlamaForCausalLM
 from engine.sampling import SamplingRow, default_request_seed, sample, token_seed
 from engine.scheduler_output import SchedulerOutput
+from engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,7 @@ class StepInputs:
     positions: torch.Tensor  # [T] int64, token index of each within its sequence
     last_index: torch.Tensor  # [B] int64, row in [T] of each sequence's last new token
     meta: AttentionMetadata
+    sampling: list[int] | None  # batch rows that sample this step; None: every row
 
 
 class ModelRunner:
@@ -42,15 +48,19 @@ class ModelRunner:
     def prepare(self, output: SchedulerOutput) -> StepInputs:
         """Tensors for a non-empty SchedulerOutput (read before scheduler.update())."""
         seqs, num_new = output.seqs, output.num_new_tokens
-        if output.kind is StepKind.DECODE:
+        sampling: list[int] | None = None
+        if output.kind is StepKind.DECODE and output.num_batched_tokens == len(seqs):
             input_ids = [s.last_token_id for s in seqs]
             positions = [s.cached_token_count for s in seqs]
         else:
             input_ids, positions = [], []
             for seq, n in zip(seqs, num_new):
                 start = seq.cached_token_count
-                input_ids.extend(seq.token_ids[start : start + n])
+                input_ids.extend(_token_ids(seq, start, start + n))
                 positions.extend(range(start, start + n))
+            complete = [s.cached_token_count + n == s.num_tokens for s, n in zip(seqs, num_new)]
+            if not all(complete):  # a chunk short of the sequence's end samples nothing
+                sampling = [b for b, done in enumerate(complete) if done]
         meta = build_attention_metadata(
             query_lens=num_new,
             context_lens=output.context_lengths,
@@ -67,15 +77,26 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64).to(self.device),
             last_index=last.to(self.device),
             meta=meta,
+            sampling=sampling,
         )
 
     @torch.inference_mode()
     def compute_logits(self, output: SchedulerOutput) -> torch.Tensor:
         """Run the model for one step (writing its K/V) -> logits [B, vocab] float32 at each
-        sequence's last new token."""
+        sequence's last new token (also for chunks that sample nothing)."""
         inputs = self.prepare(output)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache)
-        return self.model.compute_logits(hidden.index_select(0, inputs.last_index))
+        return self.model.compute_logits(self._last_hidden(inputs))
+
+    def _last_hidden(self, inputs: StepInputs, rows: list[int] | None = None) -> torch.Tensor:
+        """Forward -> final hidden states [len(rows), hidden] at the last new token of the
+        batch rows `rows` (all rows when None)."""
+        hidden: torch.Tensor = self.model(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache
+        )
+        last = inputs.last_index
+        if rows is not None:
+            last = last[torch.tensor(rows, dtype=torch.int64, device=last.device)]
+        return hidden.index_select(0, last)
 
     def sampling_rows(self, output: SchedulerOutput) -> list[SamplingRow]:
         """Per scheduled sequence: its temperature, top_p and the seed of this token's draw."""
@@ -89,9 +110,34 @@ class ModelRunner:
             rows.append(SamplingRow(params.temperature, params.top_p, seed))
         return rows
 
+    @torch.inference_mode()
     def run(self, output: SchedulerOutput) -> list[int]:
-        """Forward and sample: one token id per scheduled sequence ([] for an empty step)."""
+        """Forward and sample: one token id per scheduled sequence ([] for an empty step); 0
+        for a sequence whose prefill chunk stops short of its last token."""
         if not output.seqs:
             return []
-        logits = self.compute_logits(output)
-        return sample(logits, self.sampling_rows(output))
+        inputs = self.prepare(output)
+        rows = inputs.sampling
+        if rows is None:
+            logits = self.model.compute_logits(self._last_hidden(inputs))
+            return sample(logits, self.sampling_rows(output))
+        tokens = [0] * len(output.seqs)
+        if rows:
+            logits = self.model.compute_logits(self._last_hidden(inputs, rows))
+            params = self.sampling_rows(output)
+            for row, token in zip(rows, sample(logits, [params[r] for r in rows])):
+                tokens[row] = token
+        else:  # no sequence samples: the layers still run, to write the step's K/V
+            self._last_hidden(inputs, [])
+        return tokens
+
+
+def _token_ids(seq: Sequence, start: int, stop: int) -> list[int]:
+    """Token ids [start, stop) of prompt + generated, without copying the whole sequence."""
+    prompt = seq.num_prompt_tokens
+    if stop <= prompt:
+        return list(seq.prompt_token_ids[start:stop])
+    generated = seq.generated_token_ids
+    if start >= prompt:
+        return generated[start - prompt : stop - prompt]
+    return [*seq.prompt_token_ids[start:], *generated[: stop - prompt]]

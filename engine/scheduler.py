@@ -17,6 +17,7 @@ torch: the simulator runs this same object millions of times per run.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, ClassVar
 
 from engine.block_manager import BlockManager, blocks_needed
 from engine.errors import SchedulerError
@@ -43,7 +44,29 @@ PREFILL, DECODE = StepKind.PREFILL, StepKind.DECODE
 
 
 class Scheduler:
-    """Drives one BlockManager. Call ``schedule()`` then ``update()``, every step."""
+    """Drives one BlockManager. Call ``schedule()`` then ``update()``, every step.
+
+    This class is the classic scheduler; ``Scheduler(config, ...)`` with
+    ``config.scheduler == "v1"`` builds the v1 one instead (engine/v1_scheduler.py), and a
+    subclass names its own v1 counterpart in ``_v1_class``.
+    """
+
+    is_v1: ClassVar[bool] = False
+    # Set by the module of each v1 counterpart (engine/v1_scheduler.py, engine/fast_v1.py),
+    # which the engine package imports: this module cannot import them (they import it).
+    _v1_class: ClassVar[type[Scheduler] | None] = None
+
+    def __new__(cls, config: SchedulerConfig, *args: Any, **kwargs: Any) -> Scheduler:
+        if config.scheduler == "v1" and not cls.is_v1:
+            target = cls.__dict__.get("_v1_class")
+            if target is None:
+                raise SchedulerError(f"{cls.__name__} has no v1 scheduler")
+            if not issubclass(target, cls):
+                # Python runs __init__ only for instances of cls: build the object whole.
+                built: Scheduler = target(config, *args, **kwargs)
+                return built
+            cls = target
+        return super().__new__(cls)
 
     def __init__(
         self,

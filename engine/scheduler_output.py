@@ -8,19 +8,33 @@ from engine.errors import SchedulerError
 from engine.events import StepKind
 from engine.sequence import Sequence
 
+SCHEDULERS = ("classic", "v1")
+POLICIES = ("fcfs", "priority")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
-    """Batch limits.
+    """Batch limits and which scheduler runs.
 
-    ``max_num_batched_tokens`` bounds the tokens of one prefill step (there is no chunked
-    prefill, so a prompt longer than it can never run and is rejected). ``max_model_len``
-    (tokens, prompt + generated) rejects longer prompts and finishes sequences that reach it.
+    ``scheduler="classic"`` (the default) is vLLM's 2023 scheduler: a step is a prefill batch
+    or a decode batch, ``max_num_batched_tokens`` bounds a prefill step and a prompt longer
+    than it is rejected; it ignores every option below ``max_model_len``.
+    ``scheduler="v1"`` is vLLM 0.33's v1 scheduler (engine/v1_scheduler.py): one token
+    budget of ``max_num_batched_tokens`` per step shared by decodes and prefill chunks
+    (``enable_chunked_prefill``; ``long_prefill_token_threshold`` > 0 caps one sequence's
+    chunk), ``policy`` "fcfs" or "priority" (lower ``Sequence.priority`` first), prefix
+    caching as the BlockManager's ``enable_prefix_caching`` says.
+    ``max_model_len`` (tokens, prompt + generated) rejects longer prompts (under v1, prompts
+    of at least that many tokens) and finishes sequences that reach it.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
+    scheduler: str = "classic"
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -33,6 +47,29 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_model_len must be a positive integer, got {self.max_model_len!r}"
             )
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        threshold = self.long_prefill_token_threshold
+        if not isinstance(threshold, int) or threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold must be an integer >= 0, got {threshold!r}"
+            )
+
+
+def step_kind(seqs: list[Sequence], num_new_tokens: list[int]) -> StepKind:
+    """A v1 step's kind: DECODE when every sequence computes only its last token (its
+    output is sampled next), PREFILL when none does, MIXED otherwise."""
+    num_decodes = 0
+    for seq, n in zip(seqs, num_new_tokens):
+        if n == 1 and seq.cached_token_count + 1 == seq.num_prompt_tokens + len(
+            seq.generated_token_ids
+        ):
+            num_decodes += 1
+    if num_decodes == len(seqs):
+        return StepKind.DECODE
+    return StepKind.PREFILL if num_decodes == 0 else StepKind.MIXED
 
 
 class SchedulerOutput:
@@ -46,6 +83,7 @@ class SchedulerOutput:
     __slots__ = (
         "_decode_slots",
         "_updated",
+        "admitted",
         "block_size",
         "kind",
         "num_batched_tokens",
@@ -67,6 +105,7 @@ class SchedulerOutput:
         preempted: list[Sequence],
         rejected: list[Sequence],
         decode_slots: list[int] | None = None,
+        admitted: list[Sequence] | None = None,
     ) -> None:
         self.step = step
         self.kind = kind
@@ -78,6 +117,9 @@ class SchedulerOutput:
         self.rejected = rejected
         self._decode_slots = decode_slots
         self._updated = False
+        # v1: the sequences admitted from the waiting queue this step (new or resumed), in
+        # batch order; the classic scheduler leaves it empty (its prefill steps admit seqs).
+        self.admitted: list[Sequence] = admitted if admitted is not None else []
 
     @property
     def is_empty(self) -> bool:
@@ -87,6 +129,11 @@ class SchedulerOutput:
     @property
     def num_seqs(self) -> int:
         return len(self.seqs)
+
+    @property
+    def num_scheduled_tokens(self) -> dict[int, int]:
+        """seq_id -> tokens computed this step (a prefill chunk, or 1 for a decode)."""
+        return {s.seq_id: n for s, n in zip(self.seqs, self.num_new_tokens)}
 
     def _check_live(self) -> None:
         if self._updated:

@@ -1,6 +1,6 @@
 """A request's state as the engine sees it: tokens, KV-cache progress and block table.
 
-Semantics (DESIGN.md): after prefill of a P-token prompt, ``cached_token_count == P``, one
+Semantics (docs/design.md): after prefill of a P-token prompt, ``cached_token_count == P``, one
 token G has been sampled, ``last_token_id == G``, and G's K/V is written by the next decode
 step at token index P.
 """
@@ -10,6 +10,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence as TokenIds
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.prefix_keys import PrefixSource
 
 
 class SequenceStatus(enum.Enum):
@@ -66,12 +70,21 @@ class Sequence:
 
     ``prompt_token_ids`` may be any sized, indexable sequence of ints; the simulator passes a
     ``range`` so a million simulated prompts cost no memory.
+
+    Prefix caching (the v1 scheduler) keys full blocks by their token ids, unless ``prefix``
+    (engine.prefix_keys: ``prefix_from_hash_ids(...)`` or ``UNIQUE_PREFIX``) says which
+    prompts share what; then the token ids are never read and every generated token counts
+    as the same placeholder. ``priority`` orders the waiting queue under
+    ``policy="priority"`` (lower first).
     """
 
     __slots__ = (
+        "_cached_tables",
         "_finish_cached_count",
+        "_num_cached_blocks",
         "_stop_ids",
         "arrival_time",
+        "block_hashes",
         "block_table",
         "cached_token_count",
         "finish_reason",
@@ -79,6 +92,9 @@ class Sequence:
         "last_token_id",
         "num_preemptions",
         "num_prompt_tokens",
+        "prefix",
+        "prefix_hit_tokens",
+        "priority",
         "prompt_token_ids",
         "sampling_params",
         "seq_id",
@@ -91,6 +107,9 @@ class Sequence:
         prompt_token_ids: TokenIds[int],
         sampling_params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        priority: int = 0,
+        *,
+        prefix: PrefixSource | None = None,
     ) -> None:
         if len(prompt_token_ids) == 0:
             raise ValueError(f"sequence {seq_id}: prompt_token_ids must not be empty")
@@ -107,6 +126,17 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        self.priority = priority
+        self.prefix = prefix
+        # Tokens served from the prefix cache at the latest admission (v1 scheduler).
+        self.prefix_hit_tokens = 0
+        # Chained keys of the full blocks hashed so far (engine.prefix_keys), kept across
+        # preemptions; and how many leading blocks of block_table are in the prefix cache.
+        self.block_hashes: list[int] = []
+        self._num_cached_blocks = 0
+        # The cached part of each table it was preempted with (private prefix caching:
+        # engine/prefix_cache.py).
+        self._cached_tables: list[list[int]] = []
         # Hot-path copies: update() checks these once per sequence per step. After every
         # step cached_token_count == num_tokens - 1, so "max_tokens generated" is reached
         # exactly when cached_token_count hits this count (the Scheduler lowers it for

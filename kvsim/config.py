@@ -27,11 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kvsim.costmodel.gpuspec import GPU_PRESETS
+from kvsim.costmodel.gpuspec import GPU_PRESETS, GPUSpec
+from kvsim.costmodel.memory_plan import serving_batch_defaults
 from kvsim.errors import KvsimError
 
 Mode = Literal["cost", "engine"]
 Allocator = Literal["paged", "max", "pow2", "oracle"]  # kvsim.sim.allocators builds them
+SchedulerName = Literal["v1", "classic"]
+Policy = Literal["fcfs", "priority"]
 MODES: tuple[str, ...] = typing.get_args(Mode)
 ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
 
@@ -158,7 +161,7 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
     """``value`` is of the field's declared type (JSON's types: an int is a float, a bool is
     not a number), or None where the field is optional."""
     args = typing.get_args(hint)
-    if isinstance(hint, types.UnionType) and type(None) in args:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union) and type(None) in args:
         if value is None:
             return
         hint = next(a for a in args if a is not type(None))
@@ -215,6 +218,14 @@ class RunConfig:
         default_text="none",
         check=not_empty,
     )
+    step_time: str | None = option(
+        None,
+        help="Replace the cost model: linear:BASE_S:PER_TOKEN_S prices a step at BASE_S + "
+        "PER_TOKEN_S x scheduled tokens (the clock of vLLM's reference scheduler driver)",
+        unit="SPEC",
+        default_text="the cost model",
+        check=lambda name, value: _check_step_time(value),
+    )
     block_size: int = option(
         16,
         help="Tokens per KV block",
@@ -238,13 +249,20 @@ class RunConfig:
         unit="FRACTION",
         check=fraction(low_open=True, high_open=False),
     )
-    max_num_seqs: int = option(
-        256, help="Most sequences in one batch", unit="SEQS", check=at_least(1, maximum=MAX_TOKENS)
+    max_num_seqs: int | None = option(
+        None,
+        help="Most sequences in one batch",
+        unit="SEQS",
+        default_text="v1: vLLM 0.33's serving default for the GPU (1024 on H100/H200-class, "
+        "256 on A100 and smaller); classic: 256",
+        check=at_least(1, maximum=MAX_TOKENS),
     )
-    max_num_batched_tokens: int = option(
-        8192,
-        help="Most tokens in one prefill step",
+    max_num_batched_tokens: int | None = option(
+        None,
+        help="Token budget of one step (classic: of one prefill step)",
         unit="TOKENS",
+        default_text="v1: vLLM 0.33's serving default for the GPU (8192 on H100/H200-class, "
+        "2048 on A100 and smaller); classic: 8192",
         check=at_least(1, maximum=MAX_TOKENS),
     )
     max_model_len: int | None = option(
@@ -254,11 +272,38 @@ class RunConfig:
         default_text="the model's",
         check=at_least(1, maximum=MAX_TOKENS),
     )
-    watermark: float = option(
-        0.01,
+    watermark: float | None = option(
+        None,
         help="Share of blocks kept free when admitting",
         unit="FRACTION",
+        default_text="v1: 0 (vLLM 0.33); classic: 0.01",
         check=fraction(low_open=False, high_open=True),
+    )
+    scheduler: SchedulerName | None = option(
+        None,
+        help="v1: vLLM 0.33's scheduler (one token budget shared by decodes and prefill "
+        "chunks, prefix caching, priorities); classic: vLLM's 2023 scheduler (a step is a "
+        "prefill or a decode batch; the vLLM paper's figures)",
+        default_text="v1; classic with a contiguous --allocator (the paper's comparison)",
+    )
+    enable_chunked_prefill: bool = option(
+        True, help="v1: cut prefills into chunks that fit the step's token budget"
+    )
+    long_prefill_token_threshold: int = option(
+        0,
+        help="v1: cap one sequence's prefill chunk at this many tokens (0: no cap)",
+        unit="TOKENS",
+        check=at_least(0, maximum=MAX_TOKENS),
+    )
+    enable_prefix_caching: bool = option(
+        True,
+        help="v1: reuse cached full KV blocks across requests (a trace's hash_ids say which "
+        "prompts share a prefix)",
+    )
+    scheduling_policy: Policy = option(
+        "fcfs",
+        unit="POLICY",
+        help="v1: fcfs (arrival order) or priority (the trace's priority, lower first)",
     )
     rate: float | None = option(
         None,
@@ -353,6 +398,16 @@ class RunConfig:
             problem = rule(self)
             if problem is not None:
                 raise ConfigError(problem)
+
+    def caches_prefixes(self) -> bool:
+        """Whether the run caches prefixes (v1 only: classic never reuses a block)."""
+        return self.resolved_scheduler() == "v1" and self.enable_prefix_caching
+
+    def resolved_scheduler(self) -> str:
+        """``scheduler``, or its default: v1, classic for a contiguous allocator."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return "v1" if self.allocator == "paged" else "classic"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -457,6 +512,17 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         if c.allocator != "paged" and c.mode != "cost"
         else None
     ),
+    lambda c: (
+        f"allocator {c.allocator!r} runs with the classic scheduler (the contiguous baselines "
+        "reproduce the vLLM paper's comparison of 2023 schedulers), not --scheduler v1"
+        if c.allocator != "paged" and c.scheduler == "v1"
+        else None
+    ),
+    lambda c: (
+        "--step-time prices cost-mode steps; engine mode measures them"
+        if c.step_time is not None and c.mode != "cost"
+        else None
+    ),
     _engine_only_in_cost_mode,
 )
 
@@ -464,3 +530,54 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
 def option_specs() -> dict[str, OptionSpec]:
     """Every RunConfig field's OptionSpec, in field order (the order of config.json)."""
     return {f.name: f.metadata["option"] for f in dataclasses.fields(RunConfig)}
+
+
+def _check_step_time(spec: str) -> None:
+    parse_step_time(spec)
+
+
+def parse_step_time(spec: str) -> tuple[float, float]:
+    """``linear:BASE_S:PER_TOKEN_S`` as (base seconds, seconds per scheduled token)."""
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":")
+    if kind != "linear" or len(parts) != 2:
+        raise ConfigError(f"step_time must be linear:BASE_S:PER_TOKEN_S, got {shown(spec)}")
+    try:
+        base, per_token = float(parts[0]), float(parts[1])
+    except ValueError:
+        raise ConfigError(
+            f"step_time {shown(spec)}: BASE_S and PER_TOKEN_S must be numbers"
+        ) from None
+    if not (0 <= base < math.inf and 0 <= per_token < math.inf) or base + per_token == 0:
+        raise ConfigError(
+            f"step_time {shown(spec)}: BASE_S and PER_TOKEN_S must be finite, >= 0 and not both 0"
+        )
+    return base, per_token
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingLimits:
+    """The batch limits a run uses once its defaults are resolved (sequences, tokens, share
+    of blocks)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    watermark: float
+
+
+CLASSIC_LIMITS = SchedulingLimits(max_num_seqs=256, max_num_batched_tokens=8192, watermark=0.01)
+
+
+def scheduling_limits(config: RunConfig, gpu: GPUSpec) -> SchedulingLimits:
+    """``config``'s limits, with vLLM 0.33's serving defaults for ``gpu`` under v1 (watermark
+    0) and the 2023 defaults (256 sequences, 8,192 tokens, watermark 0.01) under classic."""
+    if config.resolved_scheduler() == "v1":
+        tokens, seqs = serving_batch_defaults(gpu)
+        defaults = SchedulingLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, watermark=0.0)
+    else:
+        defaults = CLASSIC_LIMITS
+    return SchedulingLimits(
+        max_num_seqs=config.max_num_seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        watermark=defaults.watermark if config.watermark is None else config.watermark,
+    )

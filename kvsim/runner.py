@@ -14,12 +14,15 @@ import pandas as pd
 from engine import Scheduler, SchedulerConfig
 from engine.events import ChunkCallback, Columns
 from engine.fast_decode import FastDecodeScheduler
+from engine.prefix_keys import PrefixSource, prefix_from_hash_ids
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
 from kvsim.analysis.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
-from kvsim.config import RunConfig
+from kvsim.config import RunConfig, SchedulingLimits, parse_step_time, scheduling_limits
 from kvsim.costmodel import (
     CostModel,
+    CostModelError,
+    MemoryPlan,
     load_coefficients,
     plan_num_blocks,
     resolve_gpu,
@@ -27,7 +30,7 @@ from kvsim.costmodel import (
 )
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
-from kvsim.sim.executor import CostModelExecutor, Executor
+from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
@@ -44,6 +47,21 @@ class RunResult:
     events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
     events_path: Path | None = None
     marks: pd.DataFrame | None = None  # PREEMPT and REJECT events, for the plots
+
+
+def scheduler_config(
+    config: RunConfig, limits: SchedulingLimits, max_model_len: int | None
+) -> SchedulerConfig:
+    """The engine's SchedulerConfig for ``config`` (vLLM's option names map one to one)."""
+    return SchedulerConfig(
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        scheduler=config.resolved_scheduler(),
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        policy=config.scheduling_policy,
+    )
 
 
 def load_workload(config: RunConfig) -> tuple[Path, Trace]:
@@ -67,20 +85,54 @@ def build_cost_model(config: RunConfig) -> CostModel:
     )
 
 
-def resolve_num_blocks(config: RunConfig, cost_model: CostModel) -> tuple[int, dict[str, Any]]:
-    """``config.num_blocks`` if given, else planned from GPU memory as vLLM does."""
+def resolve_num_blocks(
+    config: RunConfig, cost_model: CostModel, limits: SchedulingLimits, warnings: list[str]
+) -> tuple[int, dict[str, Any]]:
+    """``config.num_blocks`` if given, else planned from GPU memory as vLLM does. A given
+    count beyond what the GPU's memory plan allows is a what-if (vLLM's
+    ``num_gpu_blocks_override``): accepted, with a warning."""
+
+    def plan() -> MemoryPlan:
+        return plan_num_blocks(
+            cost_model.model,
+            cost_model.gpu,
+            config.block_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            tp=config.tp,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            max_num_seqs=limits.max_num_seqs,
+        )
+
     if config.num_blocks is not None:
-        return config.num_blocks, {"source": "--num-blocks"}
-    plan = plan_num_blocks(
-        cost_model.model,
-        cost_model.gpu,
-        config.block_size,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        tp=config.tp,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-    )
-    return plan.num_blocks, {"source": "planned from GPU memory", **dataclasses.asdict(plan)}
+        try:
+            planned: int | None = plan().num_blocks
+        except CostModelError:
+            planned = None  # the weights alone do not fit: any pool is a what-if
+        if planned is None or config.num_blocks > planned:
+            fits = "no KV block" if planned is None else f"{planned:,} blocks"
+            warnings.append(
+                f"--num-blocks {config.num_blocks:,} is more than the memory of "
+                f"{config.tp} x {cost_model.gpu.name} holds ({fits} of {config.block_size} "
+                "tokens): simulated as a what-if"
+            )
+        return config.num_blocks, {"source": "--num-blocks", "planned_num_blocks": planned}
+    memory = plan()
+    return memory.num_blocks, {"source": "planned from GPU memory", **dataclasses.asdict(memory)}
+
+
+def resolve_max_model_len(
+    config: RunConfig, model_max_len: int | None, warnings: list[str]
+) -> int | None:
+    """``config.max_model_len``, or the model's; beyond the model's context it is a what-if,
+    accepted with a warning (the cost model extrapolates)."""
+    if config.max_model_len is None:
+        return model_max_len
+    if model_max_len is not None and config.max_model_len > model_max_len:
+        warnings.append(
+            f"--max-model-len {config.max_model_len:,} is beyond the model's context of "
+            f"{model_max_len:,} tokens: simulated as a what-if"
+        )
+    return config.max_model_len
 
 
 def run(
@@ -107,23 +159,36 @@ def run(
         )
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
-    num_blocks, plan = resolve_num_blocks(config, cost_model)
-    executor_class = CostModelExecutor if config.allocator == "paged" else ContiguousCostExecutor
-    executor: Executor = executor_class(cost_model)
-    max_model_len = config.max_model_len or cost_model.model.max_model_len
+    limits = scheduling_limits(config, cost_model.gpu)
+    warnings: list[str] = []
+    num_blocks, plan = resolve_num_blocks(config, cost_model, limits, warnings)
+    executor = build_executor(config, cost_model)
+    max_model_len = resolve_max_model_len(config, cost_model.model.max_model_len, warnings)
     resolved = {
         "trace_path": str(trace_path),
         "trace_path_absolute": str(trace_path.resolve()),
         "trace_name": trace.name,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
+        **dataclasses.asdict(limits),
         "memory_plan": plan,
         "cost_model": cost_model.describe(),
+        "step_time": executor.describe() if isinstance(executor, LinearStepExecutor) else None,
+        "warnings": warnings,
     }
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
-        events_path=events_path, keep_events=keep_events, on_start=on_start,
+        events_path=events_path, keep_events=keep_events, on_start=on_start, limits=limits,
     )  # fmt: skip
+
+
+def build_executor(config: RunConfig, cost_model: CostModel) -> Executor:
+    """The cost-mode executor: the cost model, or ``--step-time``'s linear clock."""
+    if config.step_time is not None:
+        return LinearStepExecutor(*parse_step_time(config.step_time))
+    if config.allocator == "paged":
+        return CostModelExecutor(cost_model)
+    return ContiguousCostExecutor(cost_model)
 
 
 def _run_engine_mode(
@@ -136,7 +201,8 @@ def _run_engine_mode(
 ) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     trace_path, trace = load_workload(config)
-    llm = build_llm(config)
+    limits = scheduling_limits(config, resolve_gpu(config.gpu))
+    llm = build_llm(config, limits)
     scheduler = llm.scheduler
     block_manager = llm.block_manager
     resolved: dict[str, Any] = {
@@ -145,6 +211,7 @@ def _run_engine_mode(
         "trace_name": trace.name,
         "num_blocks": block_manager.num_blocks,
         "max_model_len": scheduler.config.max_model_len,
+        **dataclasses.asdict(limits),
         "engine": {
             "model": config.model,
             "device": str(llm.kv_cache.key_cache[0].device),
@@ -183,22 +250,35 @@ def simulate(
     events_path: Path | None = None,
     keep_events: bool = True,
     on_start: Callable[[int], None] | None = None,
+    limits: SchedulingLimits | None = None,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
-    and BlockManager built from ``config``, ``num_blocks`` and ``max_model_len``)."""
+    and BlockManager built from ``config``, ``limits``, ``num_blocks`` and
+    ``max_model_len``)."""
+    placeholder_tokens = getattr(executor, "placeholder_tokens", False)
     if scheduler is None:
-        fast = config.fast_decode and getattr(executor, "placeholder_tokens", False)
-        scheduler_class = FastDecodeScheduler if fast else Scheduler
-        scheduler = scheduler_class(
-            SchedulerConfig(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=max_model_len,
-            ),
-            build_allocator(
-                config.allocator, num_blocks, config.block_size, config.watermark, max_model_len
-            ),
+        if limits is None:
+            limits = scheduling_limits(config, resolve_gpu(config.gpu))
+        scheduler_class = (
+            FastDecodeScheduler if config.fast_decode and placeholder_tokens else Scheduler
         )
+        scheduler = scheduler_class(
+            scheduler_config(config, limits, max_model_len),
+            build_allocator(
+                config.allocator, num_blocks, config.block_size, limits.watermark, max_model_len,
+                enable_prefix_caching=config.caches_prefixes(),
+            ),
+        )  # fmt: skip
+    prefix_of = None
+    if placeholder_tokens and config.caches_prefixes():
+        # Placeholder tokens say nothing about sharing: the trace's hash_ids do.
+        hash_block_size, block_size = trace.hash_block_size, config.block_size
+
+        def prefix_of(request: Request) -> PrefixSource:
+            return prefix_from_hash_ids(
+                request.hash_ids, hash_block_size, request.prompt_tokens, block_size
+            )
+
     settings = SimSettings(
         concurrency=config.concurrency,
         think_time_s=config.think_time_s,
@@ -233,6 +313,7 @@ def simulate(
         executor,
         settings,
         prompt_tokens_of,
+        prefix_of=prefix_of,
         on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,

@@ -48,18 +48,20 @@ def pool_capacity(trace: str, model: str, gpu: str, tp: int, block_size: int) ->
     memory (the same plan_num_blocks call as kvsim.runner.resolve_num_blocks, with RunConfig's
     values for the other memory options; the runner itself is not imported, it would cost the
     command a second of imports): tokens, and a label for it."""
+    from kvsim.config import scheduling_limits
     from kvsim.costmodel import plan_num_blocks, resolve_gpu, resolve_model
 
     config = RunConfig(trace=trace, model=model, gpu=gpu, tp=tp, block_size=block_size)
     model_spec, gpu_spec = resolve_model(config.model), resolve_gpu(config.gpu)
+    limits = scheduling_limits(config, gpu_spec)
     plan = plan_num_blocks(
         model_spec,
         gpu_spec,
         config.block_size,
         gpu_memory_utilization=config.gpu_memory_utilization,
         tp=config.tp,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_num_seqs=limits.max_num_seqs,
     )
     gpus = gpu_spec.name if tp == 1 else f"{tp} x {gpu_spec.name}"
     return plan.num_blocks * block_size, f"KV pool of {model_spec.name} on {gpus}"

@@ -35,7 +35,7 @@ def _offered(spec: OptionSpec, command: Command) -> bool:
 def _value_type(name: str) -> Any:
     """The field's type without None: int, float, str or bool (Literal choices are str)."""
     kind = typing.get_type_hints(RunConfig)[name]
-    if isinstance(kind, types.UnionType):
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
     if typing.get_origin(kind) is Literal:
         return str
@@ -45,6 +45,11 @@ def _value_type(name: str) -> Any:
 def choices(name: str) -> tuple[str, ...]:
     """The values a Literal-typed field accepts (empty for any other type)."""
     kind = typing.get_type_hints(RunConfig)[name]
+    if typing.get_origin(kind) in (
+        types.UnionType,
+        typing.Union,
+    ):  # an optional choice: its None means the default
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
     return typing.get_args(kind) if typing.get_origin(kind) is Literal else ()
 
 

@@ -171,3 +171,16 @@ def _no_room_message(
         if bigger.num_blocks > 0:
             return f"{head}; use --tp {tp} or more, or a GPU with more memory"
     return f"{head}; use a GPU with more memory or a smaller model"
+
+
+def serving_batch_defaults(gpu: GPUSpec) -> tuple[int, int]:
+    """vLLM 0.33's online-serving defaults for ``gpu``: (max_num_batched_tokens, max_num_seqs).
+
+    As ``EngineArgs.get_batch_defaults`` (OPENAI_API_SERVER): 16,384 / 1,024 from 160 GiB of
+    memory up (B200-class), 8,192 / 1,024 from 70 GiB for GPUs that are not A100s
+    (H100 / H200-class), 2,048 / 256 otherwise (A100 and smaller)."""
+    if gpu.memory_bytes >= 160 * (1 << 30):
+        return 16384, 1024
+    if gpu.memory_bytes >= 70 * (1 << 30) and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256

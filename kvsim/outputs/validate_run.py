@@ -26,8 +26,8 @@ import pandas as pd
 
 from engine import LLMEngine, Scheduler, SchedulerOutput
 from kvsim.atomic import FolderKind, output_folder
-from kvsim.config import RunConfig
-from kvsim.costmodel import CostModel, GPUSpec, ModelSpec, StepCoefficients
+from kvsim.config import RunConfig, scheduling_limits
+from kvsim.costmodel import CostModel, GPUSpec, ModelSpec, StepCoefficients, resolve_gpu
 from kvsim.costmodel.validate import mape_table
 from kvsim.plots import save_png
 from kvsim.plots.calibration import plot_predicted_vs_measured, plot_step_time_validation
@@ -130,7 +130,9 @@ def compare_runs(
     clock = engine_clock(timer, config.threads)
     _, trace = load_workload(engine_config)
     load_before, started = load_average(), time.perf_counter()
-    llm = build_llm(engine_config)
+    # Both runs schedule under the same limits (the run's GPU preset's serving defaults).
+    limits = scheduling_limits(engine_config, resolve_gpu(config.gpu))
+    llm = build_llm(engine_config, limits)
     executor = RecordingEngineExecutor(llm, clock)
     scheduler = llm.scheduler
     max_model_len = scheduler.config.max_model_len
@@ -138,15 +140,16 @@ def compare_runs(
     tokens_of = PromptTokens(llm.model_config.vocab_size, config.seed, trace.hash_block_size)
     engine = simulate(
         engine_config, trace, num_blocks, max_model_len, executor, {}, scheduler=scheduler,
-        prompt_tokens_of=tokens_of,
+        prompt_tokens_of=tokens_of, limits=limits,
     )  # fmt: skip
     engine_wall = time.perf_counter() - started
     spec = engine_model_spec(llm, config.model)
     cost_model = CostModel(spec, gpu, tp=1, coefficients=coefficients)
     cost_config = config.replace(mode="cost", num_blocks=num_blocks, max_model_len=max_model_len)
     cost = simulate(
-        cost_config, trace, num_blocks, max_model_len, CostModelExecutor(cost_model), {}
-    )
+        cost_config, trace, num_blocks, max_model_len, CostModelExecutor(cost_model), {},
+        limits=limits,
+    )  # fmt: skip
     steps = engine.steps[["step", "time_s", "kind", "num_seqs", "num_batched_tokens"]].copy()
     steps["measured_s"] = executor.seconds
     steps["predicted_s"] = [cost_model.step_time_of(*r) for r in executor.records]

@@ -27,11 +27,15 @@ def build_allocator(
     block_size: int,
     watermark: float,
     max_model_len: int | None,
+    *,
+    enable_prefix_caching: bool = False,
 ) -> BlockManager:
     """The BlockManager, or a ContiguousAllocator over ``num_blocks x block_size`` slots
     (typed as the BlockManager whose interface it implements for the Scheduler)."""
     if allocator == "paged":
-        return BlockManager(num_blocks, block_size, watermark)
+        return BlockManager(
+            num_blocks, block_size, watermark, enable_prefix_caching=enable_prefix_caching
+        )
     if allocator not in POLICIES:
         raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
     contiguous = ContiguousAllocator(num_blocks * block_size, allocator, max_model_len)

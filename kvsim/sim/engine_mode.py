@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine import Scheduler, SchedulerOutput
-from kvsim.config import ConfigError, RunConfig
+from kvsim.config import ConfigError, RunConfig, SchedulingLimits
 from workloads import Request
 
 if TYPE_CHECKING:
@@ -104,8 +104,9 @@ def check_device(device: str) -> None:
         )
 
 
-def build_llm(config: RunConfig) -> LLMEngine:
-    """The LLMEngine for ``config`` (model preset or checkpoint folder, device, dtype)."""
+def build_llm(config: RunConfig, limits: SchedulingLimits) -> LLMEngine:
+    """The LLMEngine for ``config`` (model preset or checkpoint folder, device, dtype) with
+    ``limits`` (config's batch limits, defaults resolved)."""
     from engine import LLMEngine
 
     check_device(config.device)
@@ -121,11 +122,16 @@ def build_llm(config: RunConfig) -> LLMEngine:
             num_blocks=config.num_blocks,
             device=config.device,
             dtype=config.dtype,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
             max_model_len=config.max_model_len,
-            watermark=config.watermark,
+            watermark=limits.watermark,
             seed=config.seed,
+            scheduler=config.resolved_scheduler(),
+            enable_prefix_caching=config.caches_prefixes(),
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            policy=config.scheduling_policy,
         )
     except (ValueError, OSError, RuntimeError) as exc:
         raise ConfigError(f"engine mode: cannot build model {config.model!r}: {exc}") from None

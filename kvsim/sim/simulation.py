@@ -33,11 +33,17 @@ import simpy
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
 from engine.events import ChunkCallback, EventKind
 from engine.fast_decode import FastDecodeScheduler
+from engine.fast_v1 import FastV1Scheduler
+from engine.prefix_keys import PrefixSource
+from engine.sequence import SequenceStatus
 from kvsim.sim.executor import Executor
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
 PROGRESS_EVERY_STEPS = 4096
+
+
+FINISHED_REJECTED = SequenceStatus.FINISHED_REJECTED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +101,7 @@ class Simulation:
         settings: SimSettings,
         prompt_tokens_of: Callable[[Request], Any] | None = None,
         *,
+        prefix_of: Callable[[Request], PrefixSource] | None = None,
         on_events_chunk: ChunkCallback | None = None,
         keep_block_ids: bool = True,
         keep_kinds: Iterable[EventKind] | None = None,
@@ -102,7 +109,8 @@ class Simulation:
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
-        ids (engine mode); without it prompts are ``range(prompt_tokens)``. With
+        ids (engine mode); without it prompts are ``range(prompt_tokens)``, and
+        ``prefix_of`` says which prompts share a prefix (prefix caching in cost mode). With
         ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file).
         The recorder keeps block ids only with ``keep_block_ids`` (else each event's first
         one), and only the events of ``keep_kinds`` if given (what the chunk consumers have
@@ -127,6 +135,7 @@ class Simulation:
         self.settings = settings
         self.requests = requests
         self._prompt_tokens_of = prompt_tokens_of
+        self._prefix_of = prefix_of
         self._closed_loop = settings.concurrency is not None
         self._submitted: list[Request] = []
         self._seq_of_request: dict[str, int] = {}
@@ -164,7 +173,10 @@ class Simulation:
         if params is None:  # frozen, so shared by every request of this length
             params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)
             self._sampling_params[request.output_tokens] = params
-        self.scheduler.add_request(Sequence(seq_id, prompt, params, float(self.env.now)))
+        prefix = self._prefix_of(request) if self._prefix_of is not None else None
+        self.scheduler.add_request(
+            Sequence(seq_id, prompt, params, float(self.env.now), request.priority, prefix=prefix)
+        )
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         if not self._closed_loop:
@@ -180,6 +192,12 @@ class Simulation:
 
     def _cancel(self, request_id: str, _deadline: simpy.Event) -> None:
         self.abort(request_id)
+
+    def _finish_seq(self, seq: Sequence) -> None:
+        """A sequence the scheduler returned as finished (rejected ones with their reason)."""
+        if seq.status is FINISHED_REJECTED:
+            self._reject_reasons[seq.seq_id] = seq.finish_reason or "rejected"
+        self._finish(seq.seq_id)
 
     def _finish(self, seq_id: int) -> None:
         self._num_done += 1
@@ -237,12 +255,9 @@ class Simulation:
                 if not sched.has_unfinished():
                     continue
             out = sched.schedule()
-            if out.rejected:
-                for seq in out.rejected:
-                    self._reject_reasons[seq.seq_id] = seq.finish_reason or "rejected"
             if out.is_empty:
                 for seq in sched.update(out, []):
-                    self._finish(seq.seq_id)
+                    self._finish_seq(seq)
                 if not out.rejected:  # nothing can run until something arrives
                     self._wake = env.event()
                     yield self._wake
@@ -253,7 +268,7 @@ class Simulation:
             running.append(sched.num_running)
             yield from self._advance_clock(dt)
             for seq in sched.update(out, tokens):
-                self._finish(seq.seq_id)
+                self._finish_seq(seq)
             self._report(progress)
 
     def _advance_clock(self, dt: float) -> Generator[simpy.Event, Any, None]:
@@ -275,12 +290,12 @@ class Simulation:
         general way. A step that ends at or after the next simpy event is left pending and
         run with a timeout (see ``_advance_clock``)."""
         env, sched = self.env, self.scheduler
-        assert isinstance(sched, FastDecodeScheduler)
+        assert isinstance(sched, (FastDecodeScheduler, FastV1Scheduler))
         if self._decode_step_time is None:
             self._decode_step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
         step_time = self._decode_step_time
         durations, filled, running = self._durations, self._filled, self._running
-        finish, peek = self._finish, env.peek
+        finish, peek = self._finish_seq, env.peek
         pending_dt = 0.0
         # When the next simpy event is due: inside run_plain_decodes only a finish can bring
         # it closer (a closed-loop user's completion event), so it is read again only then.
@@ -304,7 +319,7 @@ class Simulation:
         def on_finished(seqs: list[Sequence]) -> None:
             nonlocal next_due
             for seq in seqs:
-                finish(seq.seq_id)
+                finish(seq)
             next_due = peek()
 
         while sched.run_plain_decodes(on_step, on_finished):

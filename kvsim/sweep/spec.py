@@ -155,7 +155,7 @@ def parse_value(name: str, text: str) -> Any:
         raise SweepError(f"unknown run option {name!r} (known: {known})")
     kind = hints[name]
     args = typing.get_args(kind)
-    optional = isinstance(kind, types.UnionType) and type(None) in args
+    optional = typing.get_origin(kind) in (types.UnionType, typing.Union) and type(None) in args
     if optional:
         kind = next(a for a in args if a is not type(None))
     text = text.strip()
@@ -206,6 +206,11 @@ def make_spec(base: RunConfig, axes: list[Axis], **options: Any) -> SweepSpec:
             raise SweepError(str(exc)) from None
     swept = tuple((name, values) for name, values in axes if len(values) > 1)
     names = [name for name, _ in swept]
+    allocators = dict(swept).get("allocator", ())
+    if base.scheduler is None and any(a != "paged" for a in allocators):
+        # Paging against contiguous baselines is the vLLM paper's comparison, under its
+        # scheduler for every point: like with like (the reproduce command says so).
+        base = base.replace(scheduler="classic")
     if base.num_blocks is not None and "block_size" in names and "num_blocks" not in names:
         if options.get("kv_slots") is not None:
             raise SweepError("give --kv-slots or --num-blocks, not both")

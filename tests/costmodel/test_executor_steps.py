@@ -28,10 +28,17 @@ def seq(seq_id: int, prompt: int, cached: int, generated: int = 0) -> Sequence:
     return s
 
 
+class UsedBlocks:
+    num_used_blocks = 777
+
+
 class V1Scheduler:
-    """What the executor reads of a v1 scheduler (engine/v1_scheduler.py on branch v1-engine)."""
+    """What the executor reads of a v1 scheduler (engine/v1_scheduler.py): a v1 step walks
+    every used block, counted once (the pool's counter)."""
 
     is_v1 = True
+    num_running = 10**6  # more than any step here: never the all-decode O(1) path
+    block_manager = UsedBlocks()
 
 
 def output(kind: StepKind, pairs: list[tuple[Sequence, int]]) -> SchedulerOutput:
@@ -47,7 +54,7 @@ def test_a_mixed_v1_step_is_priced_by_its_decodes_and_chunks() -> None:
     chunk = seq(3, prompt=3000, cached=1024)  # 1,024 cached (hits or chunks), 512 more now
     fresh = seq(4, prompt=200, cached=0)  # a whole short prompt
     out = output(StepKind.PREFILL, [(decode_a, 1), (decode_b, 1), (chunk, 512), (fresh, 200)])
-    blocks = sum(len(s.block_table) for s in out.seqs)
+    blocks = UsedBlocks.num_used_blocks
     expected = BatchShape.of(
         prefill_chunks=[(512, 1024), (200, 0)],
         decode_contexts=(131, 46),
@@ -63,12 +70,11 @@ def test_a_mixed_v1_step_is_priced_by_its_decodes_and_chunks() -> None:
     assert dt == COST.step_time(expected) and tokens == [0, 0, 0, 0]
 
 
-def test_a_v1_decode_step_is_read_from_its_sequences_not_the_pool() -> None:
-    # Under v1 a step of decodes need not hold every running sequence (a partial prefill may
-    # wait) and prefix blocks are shared: the sums come from the scheduled sequences.
+def test_a_v1_decode_step_without_every_runner_is_read_from_its_sequences() -> None:
+    # Under v1 a step of decodes need not hold every running sequence (the budget may cut
+    # the running pass): the context comes from the scheduled sequences.
     out = output(StepKind.DECODE, [(seq(1, 50, 60, 11), 1), (seq(2, 70, 90, 21), 1)])
-    blocks = sum(len(s.block_table) for s in out.seqs)
-    expected = BatchShape.decode(2, 61 + 91, blocks)
+    expected = BatchShape.decode(2, 61 + 91, UsedBlocks.num_used_blocks)
     scheduler: Any = V1Scheduler()
     assert CostModelExecutor(COST).step_time(out, scheduler) == COST.step_time(expected)
 

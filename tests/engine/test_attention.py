@@ -58,16 +58,19 @@ def _case(
     cached: list[int],
     seed: int,
     decode_backend: DecodeBackend = "auto",
+    shared_blocks: int = 0,
 ) -> tuple[torch.Tensor, ...]:
+    """(paged attention, reference); every table starts with the same `shared_blocks`
+    physical blocks (a prefix-cache hit: each sequence must cache at least those)."""
     gen = torch.Generator().manual_seed(seed)
     kv_heads = HEADS // group
     context_lens = [c + q for c, q in zip(cached, query_lens)]
-    blocks_needed = [math.ceil(c / block_size) for c in context_lens]
-    num_blocks = sum(blocks_needed) + 3
+    blocks_needed = [math.ceil(c / block_size) - shared_blocks for c in context_lens]
+    num_blocks = shared_blocks + sum(blocks_needed) + 3
     order = torch.randperm(num_blocks, generator=gen).tolist()  # scattered physical blocks
-    tables, start = [], 0
+    tables, start = [], shared_blocks
     for n in blocks_needed:
-        tables.append(order[start : start + n])
+        tables.append(order[:shared_blocks] + order[start : start + n])
         start += n
     slots = [
         t[j // block_size] * block_size + j % block_size

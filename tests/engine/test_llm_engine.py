@@ -15,6 +15,7 @@ import torch
 from engine.events import EventKind, EventRecorder
 from engine.llm_engine import LLMEngine
 from engine.sequence import SamplingParams
+from tests.engine.hf_llama import save_tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,24 +28,8 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     """A tiny random-weight LlamaForCausalLM saved with save_pretrained."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.1,  # peaked logits: greedy ties are far below fp32 noise
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-hf-llama")
-    model.save_pretrained(path)
-    return path, model
+    return path, save_tiny_llama(path, max_position_embeddings=512)
 
 
 @pytest.fixture(scope="module")

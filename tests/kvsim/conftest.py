@@ -37,7 +37,9 @@ ToySim = Callable[..., RunResult]
 def toy_sim() -> ToySim:
     """``toy_sim(requests, num_blocks=..., block_size=..., **options)``: simulate ``requests``
     (tuples ``(arrival_s, prompt, output)`` or ``(arrival_s, prompt, output, cancel_after_s)``,
-    ids "r0", "r1", ...) with the ToyExecutor, watermark 0 and no max_model_len."""
+    ids "r0", "r1", ...) with the ToyExecutor, watermark 0 and no max_model_len, under the
+    classic scheduler unless ``scheduler="v1"`` is given (the hand-computed timelines are
+    classic prefill / decode steps)."""
 
     def _simulate(
         requests: list[tuple[Any, ...]], *, num_blocks: int, block_size: int, **options: Any
@@ -53,6 +55,7 @@ def toy_sim() -> ToySim:
             for i, r in enumerate(requests)
         ]
         trace = Trace(name="toy", hash_block_size=None, requests=records)
+        options.setdefault("scheduler", "classic")
         config = RunConfig(
             trace="toy", block_size=block_size, num_blocks=num_blocks, watermark=0.0, **options
         )
@@ -63,13 +66,19 @@ def toy_sim() -> ToySim:
 
 @pytest.fixture(scope="session")
 def planned_run() -> RunResult:
-    """The shipped default trace on llama-2-7b / a100-80gb, pool planned from GPU memory."""
-    return run(RunConfig(trace=DEFAULT_TRACE_NAME))
+    """The shipped default trace on llama-2-7b / a100-80gb, pool planned from GPU memory
+    (classic scheduler: these runs pin the 2023 behaviour; v1 runs have their own tests)."""
+    return run(RunConfig(trace=DEFAULT_TRACE_NAME, scheduler="classic"))
 
 
 @pytest.fixture(scope="session")
 def pressured_config() -> RunConfig:
-    return RunConfig(trace=DEFAULT_TRACE_NAME, num_blocks=PRESSURED_NUM_BLOCKS, watermark=0.0)
+    return RunConfig(
+        trace=DEFAULT_TRACE_NAME,
+        num_blocks=PRESSURED_NUM_BLOCKS,
+        watermark=0.0,
+        scheduler="classic",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ def toy_run(
         watermark=0.0,
         max_num_seqs=max_num_seqs,
         allocator=allocator,
+        scheduler="classic",  # the paper's comparison: paging and contiguous, 2023 scheduler
     )
     return simulate(config, trace, num_blocks, max_model_len, ToyExecutor(), {})
 
@@ -57,7 +58,10 @@ LENGTHS = [(0.0, 37, 20), (0.0, 5, 3), (0.5, 100, 60), (1.0, 17, 33), (1.0, 64, 
 
 @pytest.fixture(scope="module")
 def default_runs() -> dict[str, RunResult]:
-    return {a: run(RunConfig(trace=DEFAULT_TRACE_NAME, allocator=a)) for a in ALLOCATORS}
+    return {
+        a: run(RunConfig(trace=DEFAULT_TRACE_NAME, allocator=a, scheduler="classic"))
+        for a in ALLOCATORS
+    }
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
@@ -223,7 +227,9 @@ def test_cli_run_allocator_writes_the_breakdown(tmp_path: Path) -> None:
 def test_breakdown_means_use_the_summary_weights_even_when_until_cuts_a_step(
     allocator: str,
 ) -> None:
-    r = run(RunConfig(trace=DEFAULT_TRACE_NAME, allocator=allocator, until=30.3))
+    r = run(
+        RunConfig(trace=DEFAULT_TRACE_NAME, allocator=allocator, until=30.3, scheduler="classic")
+    )
     s = r.summary
     held = s["kv_token_state_share_mean"] + s["kv_reservation_share_mean"]
     held += s["kv_internal_frag_share_mean"]

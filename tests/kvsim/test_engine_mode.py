@@ -71,12 +71,14 @@ def test_engine_mode_runs_every_request_to_its_output_length(tiny_trace):
 def test_engine_mode_generates_what_the_llm_engine_generates(tiny_trace):
     """The simulator's engine mode and LLMEngine.generate run the same greedy model."""
     path, requests = tiny_trace
+    from kvsim.config import scheduling_limits
+    from kvsim.costmodel import resolve_gpu
     from kvsim.sim.engine_mode import build_llm
 
     config = RunConfig(
         trace=str(path), mode="engine", model="tiny-llama", block_size=4, num_blocks=64
     )
-    llm = build_llm(config)
+    llm = build_llm(config, scheduling_limits(config, resolve_gpu(config.gpu)))
     prompts = prompt_token_ids(requests, llm.model_config.vocab_size, 0, 16)
     params = [SamplingParams(max_tokens=r.output_tokens, ignore_eos=True) for r in requests]
     reference = LLMEngine("tiny-llama", block_size=4, num_blocks=64).generate(prompts, params)

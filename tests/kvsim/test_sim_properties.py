@@ -173,7 +173,7 @@ def test_rejected_requests_are_exactly_those_that_can_never_fit(
     config = pressured_run.config
     max_len = pressured_run.resolved["max_model_len"]
     num_blocks, bs = pressured_run.summary["num_blocks"], config.block_size
-    assert config.watermark == 0.0 and config.max_num_batched_tokens >= max_len
+    assert config.watermark == 0.0 and pressured_run.resolved["max_num_batched_tokens"] >= max_len
     prompt, output = requests["prompt_tokens"], requests["output_tokens"]
     too_long = prompt > max_len
     too_big = prompt.map(lambda p: blocks_needed(p, bs)) > num_blocks

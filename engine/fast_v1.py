@@ -1,0 +1,360 @@
+"""FastV1Scheduler: the v1 scheduler for placeholder-token runs (the simulator's cost mode).
+
+``FastDecodeScheduler(config, bm)`` with ``config.scheduler == "v1"`` builds one. It makes
+exactly the plain V1Scheduler's decisions, events, outputs and counters (tests/engine compare
+them), with the machinery of engine/fast_decode.py applied to v1's mixed steps:
+
+- Running sequences that decode are tracked lazily: exact computed tokens = stored value +
+  (fast steps since their mark). Those whose next token starts a block (they take one from
+  the free queue) and those whose token fills a block (it is cached, under a key made in
+  O(1) from the previous one) are two residue classes of (computed tokens - mark) modulo
+  the block size, kept in per-class lists in running order; finishes come off a heap.
+- A step is fast when the running pass can neither preempt (the blocks it needs are free)
+  nor run out of budget before its last sequence: then only the decoders of those two
+  classes and the sequences still prefilling are visited, in running order, as the plain
+  running pass would visit them. The waiting pass is the plain one, skipped while the
+  waiting head is known blocked (engine/blocked_head.py).
+- Any other step (preemption, a budget that cuts decodes) brings everything up to date and
+  runs the plain V1Scheduler step.
+
+``run_plain_decodes`` / ``begin_plain_decode`` / ``end_plain_decode`` run decode-only steps
+back to back without output objects, as FastDecodeScheduler's do. A fast step's output
+(``FastV1Output``) says which scheduled sequences are exact; the rest are decoders, whose
+total context the scheduler's ``num_cached_tokens`` gives (as FastDecodeScheduler's does).
+Call ``sync()`` before
+reading running sequences' state or calling ``check_invariants()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.block_manager import BlockManager
+from engine.errors import SchedulerError
+from engine.events import EventKind, EventSink, StepKind
+from engine.fast_decode import FastDecodeOutput, FastDecodeScheduler, PlainStepCallback
+from engine.lazy_v1 import LazyV1Scheduler
+from engine.scheduler_output import SchedulerConfig, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+
+RUNNING = SequenceStatus.RUNNING  # module constants: see engine/scheduler.py
+FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
+FINISH = EventKind.FINISH
+PREFILL, DECODE, MIXED = StepKind.PREFILL, StepKind.DECODE, StepKind.MIXED
+
+
+class FastV1Output(FastDecodeOutput):
+    """A fast v1 step: no per-token views (see FastDecodeOutput). ``exact_seqs`` lists the
+    scheduled sequences whose state is exact between ``schedule()`` and ``update()`` (those
+    prefilling, and those admitted), with their tokens; every other scheduled sequence is a
+    decoder computing 1 token, whose ``cached_token_count`` may lag. Their total context
+    (computed tokens + 1 each) is ``scheduler.num_cached_tokens + out.num_batched_tokens``
+    minus the ``cached_token_count + n`` of the exact ones."""
+
+    __slots__ = ("exact_seqs",)
+    exact_seqs: list[tuple[Sequence, int]]
+
+
+class FastV1Scheduler(LazyV1Scheduler):
+    """V1Scheduler whose decodes cost O(blocks taken or filled); every sampled decode token
+    is taken to be ``token`` (sequences must not be stoppable by a token)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        event_sink: EventSink | None = None,
+        *,
+        token: int = 0,
+    ) -> None:
+        super().__init__(config, block_manager, event_sink, token=token)
+        self._fast_out: SchedulerOutput | None = None
+        self._fast_batch: list[tuple[Sequence, int, int]] = []  # nonlazy (seq, n, position)
+        self._plain_pending = False
+
+    # --- schedule -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        if self._plain_pending:
+            raise SchedulerError("a plain decode step is pending; call end_plain_decode()")
+        if self._pending is not None:
+            raise SchedulerError(f"step {self._pending.step} was scheduled but never updated")
+        out = self._schedule_fast()
+        if out is None:
+            self._detach_all()
+            out = super().schedule()
+        return out
+
+    def _plan_running(self, threshold: int) -> list[int] | None:
+        """Each prefilling sequence's tokens this step, if the running pass can neither
+        preempt nor cut a decode for budget; else None (take the plain path)."""
+        running, nonlazy = self._running, self._nonlazy
+        cfg, bm = self.config, self.block_manager
+        max_len = cfg.max_model_len
+        budget = cfg.max_num_batched_tokens
+        tokens = len(running) - len(nonlazy)
+        chunks: list[int] = []
+        for seq in nonlazy:
+            cached = seq.cached_token_count
+            n = seq.num_prompt_tokens + len(seq.generated_token_ids) - cached
+            if 0 < threshold < n:
+                n = threshold
+            if max_len is not None and n > max_len - cached - 1:
+                n = max_len - cached - 1
+            if n <= 0:
+                return None
+            chunks.append(n)
+            tokens += n
+        if tokens > budget:
+            # Only the last running sequence may be cut (the budget then ends the pass).
+            if not nonlazy or running[-1] is not nonlazy[-1] or tokens - chunks[-1] >= budget:
+                return None
+            chunks[-1] -= tokens - budget
+        bs = bm.block_size
+        blocks = len(self._buckets[-self._decodes % bs])
+        for seq, n in zip(nonlazy, chunks):
+            slots = seq.cached_token_count + n
+            if max_len is not None and slots > max_len:
+                slots = max_len
+            blocks += max(-(-slots // bs) - len(seq.block_table), 0)
+        if blocks > bm.get_num_free_blocks():
+            return None
+        return chunks
+
+    def _schedule_fast(self) -> SchedulerOutput | None:
+        if not self._running:
+            return None
+        cfg = self.config
+        eligible = len(self._running) + self.num_waiting
+        threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
+        chunks = self._plan_running(threshold)
+        if chunks is None:
+            return None
+        self.step += 1
+        sink = self.event_sink
+        if sink is not None:
+            sink.begin_step(self.step)
+        running, nonlazy = self._running, self._nonlazy
+        num_running = len(running)
+        self._running_pass(chunks)
+        # The batch: every running sequence (decoders 1 token each), then the admitted.
+        seqs = running.copy()
+        num_new_tokens = [1] * num_running
+        batch: list[tuple[Sequence, int, int]] = []
+        if nonlazy:
+            position = {id(s): i for i, s in enumerate(running)} if len(nonlazy) > 4 else None
+            for seq, n in zip(nonlazy, chunks):
+                at = running.index(seq) if position is None else position[id(seq)]
+                num_new_tokens[at] = n
+                batch.append((seq, n, at))
+        budget = cfg.max_num_batched_tokens - sum(num_new_tokens)
+        admitted: list[Sequence] = []
+        rejected = self._finished_early.copy()
+        if self._head.waiting_pass_may_admit(budget):
+            added_tokens: list[int] = []
+            self._schedule_waiting(threshold, budget, seqs, added_tokens, admitted, rejected)
+            for j, (seq, n) in enumerate(zip(admitted, added_tokens)):
+                batch.append((seq, n, num_running + j))
+            num_new_tokens.extend(added_tokens)
+            budget -= sum(added_tokens)
+            self._head.note(budget)
+        num_decodes = num_running - len(chunks)
+        for seq, n, _ in batch:
+            if n == 1 and seq.cached_token_count + 1 == seq.num_prompt_tokens + len(
+                seq.generated_token_ids
+            ):
+                num_decodes += 1
+        kind = DECODE if num_decodes == len(seqs) else PREFILL if num_decodes == 0 else MIXED
+        out = FastV1Output(
+            step=self.step,
+            kind=kind,
+            seqs=seqs,
+            num_new_tokens=num_new_tokens,
+            block_size=self.block_manager.block_size,
+            preempted=[],
+            rejected=rejected,
+            admitted=admitted,
+        )
+        out.exact_seqs = [(seq, n) for seq, n, _ in batch]
+        self._pending = self._fast_out = out
+        self._fast_batch = batch
+        if sink is not None:
+            sink.record_step(
+                kind, len(seqs), out.num_batched_tokens, self.block_manager.get_num_free_blocks()
+            )
+        return out
+
+    def _running_pass(self, chunks: list[int]) -> None:
+        """The plain running pass, visiting only the sequences that do something: decoders
+        taking or filling a block, and prefilling sequences, in running order."""
+        bm = self.block_manager
+        bs, d = bm.block_size, self._decodes
+        caching = bm.enable_prefix_caching
+        needing = self._buckets[-d % bs]
+        filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
+        nonlazy = self._nonlazy
+        if not nonlazy:
+            if not filling:  # each visited sequence takes a block
+                fills = caching and bs == 1  # block size 1: the token fills the block it took
+                for seq in needing:
+                    bm.append_decode_block(seq)
+                    if fills:
+                        self._cache_decode(seq)
+            elif not needing:
+                for seq in filling:
+                    self._cache_decode(seq)
+            else:  # both, merged in running order (the two classes are disjoint)
+                order = self._order
+                i = j = 0
+                while i < len(needing) or j < len(filling):
+                    if j == len(filling) or (
+                        i < len(needing) and order[needing[i].seq_id] < order[filling[j].seq_id]
+                    ):
+                        bm.append_decode_block(needing[i])
+                        i += 1
+                    else:
+                        self._cache_decode(filling[j])
+                        j += 1
+            return
+        active = [*needing, *filling, *nonlazy]
+        active.sort(key=self._order_key)
+        chunk_of = {id(s): n for s, n in zip(nonlazy, chunks)}
+        needs = {id(s) for s in needing}
+        max_len = self.config.max_model_len
+        for seq in active:
+            n = chunk_of.get(id(seq))
+            if n is not None:
+                ok = bm.allocate_slots(
+                    seq, n, [], full_sequence_tokens=0, watermark_blocks=0, max_model_len=max_len
+                )
+                assert ok, "a planned allocation failed"
+            elif id(seq) in needs:
+                bm.append_decode_block(seq)
+                if caching and bs == 1:
+                    self._cache_decode(seq)
+            else:
+                self._cache_decode(seq)
+
+    def _cache_decode(self, seq: Sequence) -> None:
+        """Cache the block a lazily tracked decoder's token fills this step."""
+        if seq.prefix is None:
+            self._sync(seq)  # its keys are made from its tokens
+        self.block_manager.cache_decode_block(seq)
+
+    # --- update -------------------------------------------------------------------------------
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
+        if output is not self._fast_out:
+            finished = super().update(output, sampled_token_ids)
+            self._attach_all()
+            return finished
+        if output is not self._pending:
+            raise SchedulerError(f"update() got step {output.step}, not the pending step")
+        if len(sampled_token_ids) != len(output.seqs):
+            raise SchedulerError(
+                f"step {output.step}: {len(sampled_token_ids)} sampled tokens for "
+                f"{len(output.seqs)} sequences"
+            )
+        self._pending = self._fast_out = None
+        output._updated = True
+        self._decodes += 1
+        self.num_cached_tokens += len(self._epoch)  # decoders aborted mid-step already left
+        done: list[Sequence] = []
+        for seq, n, at in self._fast_batch:
+            if seq.status is not RUNNING:
+                continue
+            cached = seq.cached_token_count + n
+            seq.cached_token_count = cached
+            self.num_cached_tokens += n
+            if cached < seq.num_prompt_tokens + len(seq.generated_token_ids):
+                continue
+            token = sampled_token_ids[at]
+            seq.generated_token_ids.append(token)
+            seq.last_token_id = token
+            self._nonlazy.remove(seq)
+            if cached >= seq._finish_cached_count:
+                seq.finish_reason = "length"
+                done.append(seq)
+            else:
+                self._join(seq)
+        self._fast_batch = []
+        return self._finish_due(done)
+
+    # --- plain decode steps without output objects (the simulator's multi-step loop) -------
+
+    def run_plain_decodes(
+        self, on_step: PlainStepCallback, on_finished: Callable[[list[Sequence]], None]
+    ) -> bool:
+        """FastDecodeScheduler.run_plain_decodes under v1: decode steps back to back while
+        every running sequence decodes, the budget covers them, no block is short and no
+        waiting sequence can be admitted. Same callbacks and return value."""
+        if self._pending is not None or self._plain_pending:
+            raise SchedulerError("a step is pending; update it before starting another")
+        bm, sink, blocked = self.block_manager, self.event_sink, self._head
+        bs, num_blocks = bm.block_size, bm.num_blocks
+        buckets, heap = self._buckets, self._finish_heap
+        max_tokens = self.config.max_num_batched_tokens
+        # Within the loop only finishes change the batch, the seats and the budget, and the
+        # free blocks only shrink: the waiting head is looked at again after finishes, or
+        # when a block it could hit was cached.
+        check_head = True
+        n = len(self._running)
+        while n and not self._nonlazy and not self._finished_early:
+            if check_head or bm._watch_hit:
+                budget = max_tokens - n
+                if budget < 0:
+                    return False
+                if blocked.waiting_pass_may_admit(budget) and not blocked.blocked(budget):
+                    return False
+                check_head = False
+            d = self._decodes
+            if len(buckets[-d % bs]) > bm.get_num_free_blocks():
+                return False
+            self.step += 1
+            if sink is not None:
+                sink.begin_step(self.step)
+            self._running_pass(_NO_CHUNKS)
+            num_free = bm.get_num_free_blocks()
+            if sink is not None:
+                sink.record_step(DECODE, n, n, num_free)
+            if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
+                self._plain_pending = True
+                return True
+            self._decodes = d + 1
+            self.num_cached_tokens += n
+            if heap and heap[0][0] <= d + 1:
+                on_finished(self._finish_due([]))
+                n = len(self._running)
+                check_head = True
+        return False
+
+    def begin_plain_decode(self) -> int:
+        """FastDecodeScheduler.begin_plain_decode under v1."""
+        batch_size = 0
+
+        def leave_pending(num_seqs: int, context_tokens: int, num_used_blocks: int) -> bool:
+            nonlocal batch_size
+            batch_size = num_seqs
+            return False
+
+        self.run_plain_decodes(leave_pending, _never_called)
+        return batch_size
+
+    def end_plain_decode(self) -> list[Sequence]:
+        """Update the pending plain step; returns the sequences it finished."""
+        if not self._plain_pending:
+            raise SchedulerError("no plain decode step is pending")
+        self._plain_pending = False
+        self._decodes += 1
+        self.num_cached_tokens += len(self._running)
+        return self._finish_due([])
+
+
+_NO_CHUNKS: list[int] = []
+
+
+def _never_called(finished: list[Sequence]) -> None:
+    raise AssertionError("a step left pending finishes nothing")
+
+
+FastDecodeScheduler._v1_class = FastV1Scheduler

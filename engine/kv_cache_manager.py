@@ -1,0 +1,302 @@
+"""The BlockManager's v1 half: vLLM's free queue, prefix cache and per-request allocation.
+
+``BlockManager`` inherits this; only the v1 scheduler calls it (the classic scheduler keeps
+the FIFO free list of block_manager.py). It follows vLLM 0.33's BlockPool, KVCacheManager
+and FullAttentionManager (one KV cache group, hash block size = block size):
+
+- Free queue: allocation takes from the front; ``free_sequence_v1`` walks a table in
+  reverse and puts blocks without a hash at the front as a group (in that order), cached
+  blocks at the back (in that order), so cached blocks are evicted least recently freed
+  first. A cached free block hit by a new request leaves the queue from the middle.
+- Prefix cache (engine/prefix_cache.py): full blocks are cached in ``allocate_slots`` (the
+  scheduler's ``schedule()``), once the computed plus scheduled tokens cover them; a freed
+  cached block stays there, evictable, until it is taken from the free queue.
+
+The free queue is the BlockManager's list ``_free`` read from ``_head``, as for classic,
+with the v1 operations it lacks: a block leaving from the middle is only marked (its
+queue position ``_queue_pos`` set to -1; ``_num_stale`` counts such dead entries, skipped
+when popping), and blocks put at the front fill the dead space before ``_head`` (the list
+is rebuilt with room in front when there is none). Popping n blocks is then one slice
+checked with numpy, and freeing a table a few vectorised operations.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from engine.errors import InvariantError
+from engine.events import EventKind, EventSink
+from engine.invariants import FREE_OWNER
+from engine.prefix_cache import PrefixCacheMixin
+from engine.sequence import Sequence
+
+ALLOCATE, APPEND_BLOCK, FREE = EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE
+PREFIX_HIT = EventKind.PREFIX_HIT
+_NOT_QUEUED = -1
+_PAD = -1  # list entries before _head: never read
+
+
+class KVCacheManagerMixin(PrefixCacheMixin):
+    """vLLM's v1 block operations over the BlockManager's pool (see the module docstring)."""
+
+    # The BlockManager's state this half reads and writes.
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    event_sink: EventSink | None
+    _free: list[int]
+    _head: int
+    _ref_counts: array[int]
+    _owners: array[int]
+    _ref_counts_np: np.ndarray
+    _owners_np: np.ndarray
+    _seqs: dict[int, Sequence]
+    _num_stale: int
+    _v1: bool
+
+    def get_num_free_blocks(self) -> int:
+        raise NotImplementedError
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def use_v1_free_queue(self) -> None:
+        """Switch to vLLM's free-queue order (the v1 scheduler calls this once, on a pool
+        nobody holds blocks of)."""
+        if self._v1:
+            return
+        if self._seqs or self.get_num_free_blocks() != self.num_blocks:
+            raise InvariantError("the v1 scheduler needs a fresh BlockManager (blocks are held)")
+        self._v1 = True
+        self._queue_pos = array("i", [_NOT_QUEUED]) * self.num_blocks
+        self._queue_pos_np = np.frombuffer(self._queue_pos, dtype=np.int32)
+        queue = np.array(self._free[self._head :], dtype=np.intp)
+        self._queue_pos_np[queue] = np.arange(self._head, len(self._free), dtype=np.int32)
+        self._init_prefix_cache()
+
+    # --- free queue --------------------------------------------------------------------------
+
+    def _pop_free(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the front of the free queue (ref count 1 each), evicting
+        the cached ones among them."""
+        free, head = self._free, self._head
+        end = head + n
+        blocks = free[head:end]
+        pos = self._queue_pos_np
+        if self._num_stale:
+            index = np.array(blocks, dtype=np.intp)
+            live = pos[index] == np.arange(head, end, dtype=np.int32)
+            if not live.all():
+                blocks, end = self._pop_live(n)
+        self._head = end
+        if end > 4096 and end * 2 > len(free):
+            self._compact()
+        if n == 1:
+            b = blocks[0]
+            self._queue_pos[b] = _NOT_QUEUED
+            self._ref_counts[b] = 1
+            if self._has_key_c[b]:
+                self._has_key_c[b] = 0
+                self._evict(blocks)
+        elif n:
+            index = np.array(blocks, dtype=np.intp)
+            pos[index] = _NOT_QUEUED
+            self._ref_counts_np[index] = 1
+            if self.enable_prefix_caching:
+                hashed = self._has_key[index]
+                if hashed.any():
+                    evicted = index[hashed]
+                    self._has_key[evicted] = False
+                    self._evict(evicted.tolist())
+        return blocks
+
+    def _pop_live(self, n: int) -> tuple[list[int], int]:
+        """The first ``n`` live blocks from ``_head`` (dead entries skipped and dropped from
+        the stale count) and the index after the last."""
+        free, pos = self._free, self._queue_pos
+        blocks: list[int] = []
+        i = self._head
+        while len(blocks) < n:
+            b = free[i]
+            if pos[b] == i:
+                blocks.append(b)
+            else:
+                self._num_stale -= 1
+            i += 1
+        return blocks, i
+
+    def _compact(self) -> None:
+        """Drop the list before ``_head`` (every queue position moves down by ``_head``)."""
+        head = self._head
+        del self._free[:head]
+        pos = self._queue_pos_np
+        pos[pos >= 0] -= head
+        self._head = 0
+
+    def _push_front(self, blocks: list[int]) -> None:
+        """Put ``blocks`` at the front of the free queue, ``blocks[0]`` first."""
+        k = len(blocks)
+        if k > self._head:
+            # Rebuild with room in front for as many blocks again as the queue holds.
+            room = max(k, len(self._free) - self._head)
+            rest = self._free[self._head :]
+            self._free = [_PAD] * room + rest
+            pos = self._queue_pos_np
+            pos[pos >= 0] += room - self._head
+            self._head = room
+        head = self._head - k
+        self._free[head : self._head] = blocks
+        self._head = head
+        self._queue_pos_np[np.array(blocks, dtype=np.intp)] = np.arange(
+            head, head + k, dtype=np.int32
+        )
+
+    def _push_back(self, blocks: list[int]) -> None:
+        start = len(self._free)
+        self._free.extend(blocks)
+        self._queue_pos_np[np.array(blocks, dtype=np.intp)] = np.arange(
+            start, start + len(blocks), dtype=np.int32
+        )
+
+    # --- per sequence ------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        hit_blocks: list[int],
+        *,
+        full_sequence_tokens: int,
+        watermark_blocks: int,
+        max_model_len: int | None,
+    ) -> bool:
+        """vLLM's KVCacheManager.allocate_slots: give ``seq`` blocks for its computed tokens,
+        its prefix hit ``hit_blocks`` and ``num_new_tokens`` more, and cache the blocks those
+        tokens fill. An admission passes ``full_sequence_tokens`` > 0: it then fails unless
+        blocks for that many tokens fit too. Returns False (and changes nothing) when the
+        free blocks, less ``watermark_blocks``, do not suffice."""
+        bs = self.block_size
+        table = seq.block_table
+        num_hit = len(hit_blocks)
+        held = num_hit + len(table)
+        total_computed = seq.cached_token_count + num_hit * bs
+        if max_model_len is not None and total_computed > max_model_len:
+            total_computed = max_model_len
+        evictable = 0
+        if num_hit:
+            refs = self._ref_counts
+            evictable = sum(1 for b in hit_blocks if refs[b] == 0)
+        available = self.get_num_free_blocks() - watermark_blocks
+        if full_sequence_tokens:
+            need = max(-(-full_sequence_tokens // bs) - held, 0) + evictable
+            if need > available:
+                return False
+        num_slots = total_computed + num_new_tokens
+        if max_model_len is not None and num_slots > max_model_len:
+            num_slots = max_model_len
+        num_new_blocks = -(-num_slots // bs) - held
+        if max(num_new_blocks, 0) + evictable > available:
+            return False
+        sink = self.event_sink
+        if num_hit:
+            self._touch(seq, hit_blocks)
+            table.extend(hit_blocks)
+            seq._num_cached_blocks = num_hit
+            if sink is not None:
+                sink.record(
+                    PREFIX_HIT, seq.seq_id, self.get_num_free_blocks(), hit_blocks, num_hit * bs
+                )
+        if num_new_blocks > 0:
+            new = self._pop_free(num_new_blocks)
+            if num_new_blocks == 1:
+                self._owners[new[0]] = seq.seq_id
+            else:
+                self._owners_np[np.array(new, dtype=np.intp)] = seq.seq_id
+            table.extend(new)
+            if sink is not None:
+                num_free = self.get_num_free_blocks()
+                if full_sequence_tokens:
+                    sink.record(ALLOCATE, seq.seq_id, num_free, new, num_slots)
+                else:
+                    sink.record_appends([seq.seq_id] * num_new_blocks, new, num_free + len(new) - 1)
+        elif full_sequence_tokens and sink is not None:
+            sink.record(ALLOCATE, seq.seq_id, self.get_num_free_blocks(), (), num_slots)
+        if table:
+            self._seqs[seq.seq_id] = seq
+        if self.enable_prefix_caching:
+            num_cacheable = total_computed + num_new_tokens
+            if num_cacheable > seq.num_tokens:
+                num_cacheable = seq.num_tokens
+            self.cache_blocks(seq, num_cacheable)
+        return True
+
+    def append_decode_block(self, seq: Sequence) -> None:
+        """``allocate_slots`` of a running sequence whose next token starts a new block (the
+        fast decode path): one block from the free queue, the same events."""
+        free, head = self._free, self._head
+        b = free[head]
+        if self._num_stale and self._queue_pos[b] != head:
+            b = self._pop_free(1)[0]
+        else:  # _pop_free(1), inlined: most decode steps of a small block size take one
+            self._head = head + 1
+            if head > 4096 and head * 2 > len(free):
+                self._compact()
+            self._queue_pos[b] = _NOT_QUEUED
+            self._ref_counts[b] = 1
+            if self._has_key_c[b]:
+                self._has_key_c[b] = 0
+                self._evict([b])
+        self._owners[b] = seq.seq_id
+        seq.block_table.append(b)
+        if self.event_sink is not None:
+            self.event_sink.record_appends([seq.seq_id], [b], self.get_num_free_blocks())
+
+    def _touch(self, seq: Sequence, hit_blocks: list[int]) -> None:
+        """Take one more reference to each hit block; a free (evictable) one leaves the free
+        queue from the middle."""
+        refs, owners, pos = self._ref_counts, self._owners, self._queue_pos
+        for b in hit_blocks:
+            if refs[b] == 0:
+                pos[b] = _NOT_QUEUED
+                self._num_stale += 1
+                owners[b] = seq.seq_id
+            refs[b] += 1
+
+    def free_sequence_v1(self, seq: Sequence, preempted: bool = False) -> None:
+        """Drop ``seq``'s references, its table walked in reverse: blocks that reach 0 go to
+        the front of the free queue without a key, to the back with one. A second call is a
+        no-op. A ``preempted`` sequence whose prompt nobody shares remembers its cached
+        blocks (engine/prefix_cache.py)."""
+        table = seq.block_table
+        private = seq.prefix is not None and not seq.prefix.shared
+        if preempted and private and seq._num_cached_blocks:
+            seq._cached_tables.append(table[: seq._num_cached_blocks])
+        seq._num_cached_blocks = 0
+        if not table:
+            self._seqs.pop(seq.seq_id, None)
+            return
+        index = np.array(table[::-1], dtype=np.intp)
+        refs = self._ref_counts_np
+        counts = refs[index] - 1
+        if counts.min() < 0:
+            b = int(index[np.argmax(counts < 0)])
+            raise InvariantError(f"block {b} in sequence {seq.seq_id}'s table was already free")
+        refs[index] = counts
+        released = index[counts == 0]
+        if len(released):
+            self._owners_np[released] = FREE_OWNER
+            if self.enable_prefix_caching:
+                hashed = self._has_key[released]
+                front = released[~hashed].tolist()
+                back = released[hashed].tolist()
+            else:
+                front, back = released.tolist(), []
+            if front:
+                self._push_front(front)
+            if back:
+                self._push_back(back)
+        seq.block_table = []
+        del self._seqs[seq.seq_id]
+        if self.event_sink is not None:
+            self.event_sink.record(FREE, seq.seq_id, self.get_num_free_blocks(), table)

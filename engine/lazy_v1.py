@@ -1,0 +1,168 @@
+"""LazyV1Scheduler: the v1 scheduler's running decoders tracked lazily (FastV1Scheduler's base).
+
+In cost mode every running sequence that decodes gains one placeholder token per fast
+step, so its state is kept as (stored value, mark): exact computed tokens = stored value +
+(fast steps since its mark). The decoders are kept in one list per residue class of
+(computed tokens - mark) modulo the block size, in running order (admission numbers), and
+their finishes on a heap keyed by fast step. Running sequences still prefilling are kept
+exact in ``_nonlazy``. Anything that changes the batch (a finish, preemption, abort) makes
+the sequence exact first, through the V1Scheduler code.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections.abc import Callable
+
+from engine.block_manager import BlockManager
+from engine.blocked_head import BlockedHead
+from engine.errors import SchedulerError
+from engine.events import EventKind, EventSink
+from engine.scheduler_output import SchedulerConfig
+from engine.sequence import Sequence, SequenceStatus
+from engine.v1_scheduler import V1Scheduler
+
+FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH  # module constants: see engine/scheduler.py
+FINISH = EventKind.FINISH
+
+
+class LazyV1Scheduler(V1Scheduler):
+    """V1Scheduler with lazily tracked decoders (see the module docstring); every sampled
+    decode token is taken to be ``token``."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        event_sink: EventSink | None = None,
+        *,
+        token: int = 0,
+    ) -> None:
+        super().__init__(config, block_manager, event_sink)
+        self.token = token
+        self._decodes = 0  # fast steps updated so far
+        self._next_order = 0
+        self._order: dict[int, int] = {}  # running seq_id -> admission number
+        self._epoch: dict[int, tuple[int, int]] = {}  # lazy seq_id -> (mark, bucket)
+        self._buckets: list[list[Sequence]] = [[] for _ in range(block_manager.block_size)]
+        self._finish_heap: list[tuple[int, int, Sequence]] = []  # (decode no, order, seq)
+        self._nonlazy: list[Sequence] = []  # running, still prefilling, in running order
+        self._head = BlockedHead(self)
+        self._order_key: Callable[[Sequence], int] = lambda s: self._order[s.seq_id]
+
+    # --- lazy state ---------------------------------------------------------------------------
+
+    def _join(self, seq: Sequence) -> None:
+        """``seq`` runs and decodes: track it lazily from the current fast-step count."""
+        d = self._decodes
+        c = seq.cached_token_count
+        bucket = (c - d) % self.block_manager.block_size
+        self._epoch[seq.seq_id] = (d, bucket)
+        order = self._order[seq.seq_id]
+        heapq.heappush(self._finish_heap, (d + seq._finish_cached_count - c, order, seq))
+        insort(self._buckets[bucket], seq, key=self._order_key)
+
+    def _sync(self, seq: Sequence) -> None:
+        mark, bucket = self._epoch[seq.seq_id]
+        delta = self._decodes - mark
+        if delta:
+            seq.cached_token_count += delta
+            seq.generated_token_ids.extend([self.token] * delta)
+            seq.last_token_id = self.token
+            self._epoch[seq.seq_id] = (self._decodes, bucket)
+
+    def sync(self) -> None:
+        """Bring every running sequence's state up to date."""
+        for seq in self._running:
+            if seq.seq_id in self._epoch:
+                self._sync(seq)
+
+    def _leave(self, seq: Sequence) -> None:
+        """``seq`` stops running or waiting: make it exact and stop tracking it."""
+        self._head.drop()
+        if seq.seq_id in self._epoch:
+            self._sync(seq)
+            self._buckets[self._epoch.pop(seq.seq_id)[1]].remove(seq)  # a C scan by identity
+        elif seq in self._nonlazy:
+            self._nonlazy.remove(seq)
+        self._order.pop(seq.seq_id, None)
+
+    def _detach_all(self) -> None:
+        """Make every running sequence exact and untracked (before a plain step)."""
+        self.sync()
+        self._epoch.clear()
+        for bucket in self._buckets:
+            bucket.clear()
+        self._finish_heap.clear()
+        self._nonlazy = list(self._running)
+        self._head.drop()
+
+    def _attach_all(self) -> None:
+        """Track every running sequence again (after a plain step), in running order."""
+        d, bs = self._decodes, self.block_manager.block_size
+        nonlazy: list[Sequence] = []
+        heap = self._finish_heap
+        for seq in self._running:
+            c = seq.cached_token_count
+            if c + 1 == seq.num_prompt_tokens + len(seq.generated_token_ids):
+                bucket = (c - d) % bs
+                self._epoch[seq.seq_id] = (d, bucket)
+                self._buckets[bucket].append(seq)
+                heap.append((d + seq._finish_cached_count - c, self._order[seq.seq_id], seq))
+            else:
+                nonlazy.append(seq)
+        heapq.heapify(heap)
+        self._nonlazy = nonlazy
+
+    # --- overrides ----------------------------------------------------------------------------
+
+    def add_request(self, seq: Sequence) -> None:
+        if seq._stop_ids:
+            raise SchedulerError(
+                f"sequence {seq.seq_id} can be stopped by a token; FastV1Scheduler runs only "
+                "placeholder tokens (use ignore_eos and no stop ids)"
+            )
+        self._head.drop()
+        super().add_request(seq)
+
+    def _on_admit(self, seq: Sequence) -> None:
+        self._order[seq.seq_id] = self._next_order
+        self._next_order += 1
+        self._nonlazy.append(seq)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus, kind: EventKind) -> None:
+        self._leave(seq)
+        super()._finish(seq, status, kind)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._leave(seq)
+        super()._preempt(seq)
+
+    def abort(self, seq_id: int) -> bool:
+        seq = self._unfinished.get(seq_id)
+        if seq is not None and seq_id in self._epoch:
+            self._sync(seq)
+        return super().abort(seq_id)
+
+    def _finish_due(self, done: list[Sequence]) -> list[Sequence]:
+        """Finish ``done`` and the decoders at their length limit, in running order; returns
+        them after any rejected while scheduling."""
+        finished, self._finished_early = self._finished_early, []
+        d = self._decodes
+        heap, epoch, order = self._finish_heap, self._epoch, self._order
+        while heap and heap[0][0] <= d:
+            _, number, seq = heapq.heappop(heap)
+            if seq.seq_id not in epoch or order.get(seq.seq_id) != number:
+                continue  # it left (or was re-admitted) since
+            self._sync(seq)
+            seq.finish_reason = "length"
+            done.append(seq)
+        if done:
+            if len(done) > 1:
+                done.sort(key=self._order_key)
+            for seq in done:
+                self._finish(seq, FINISHED_LENGTH, FINISH)
+            self._drop_finished(done)
+            finished.extend(done)
+        return finished

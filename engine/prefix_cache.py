@@ -1,0 +1,308 @@
+"""The prefix cache of the v1 BlockManager: which full blocks hold which content.
+
+Full blocks are keyed by chained hashes of their tokens (engine.prefix_keys), as vLLM 0.33's
+BlockPool keys them. One key may map to several blocks (vLLM does not deduplicate, so block
+tables stay append-only); a lookup takes the oldest. A cached block whose last holder frees
+it stays cached, and evictable, until the free queue hands it out again (EVICT).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+
+import numpy as np
+
+from engine.events import EventKind, EventSink
+from engine.prefix_keys import GEN_TAG, TOKEN_ROOT
+from engine.sequence import Sequence
+
+CACHE, EVICT, CACHE_RESET = EventKind.CACHE, EventKind.EVICT, EventKind.CACHE_RESET
+
+
+def ensure_block_hashes(seq: Sequence, num_blocks: int, block_size: int) -> list[int]:
+    """``seq.block_hashes`` extended to (at least) its first ``num_blocks`` full blocks,
+    which must all be known tokens (num_blocks * block_size <= seq.num_tokens)."""
+    keys = seq.block_hashes
+    have = len(keys)
+    if have >= num_blocks:
+        return keys
+    source = seq.prefix
+    num_prompt = seq.num_prompt_tokens
+    if source is None:
+        prompt, generated = seq.prompt_token_ids, seq.generated_token_ids
+        parent = keys[-1] if keys else TOKEN_ROOT
+        for i in range(have, num_blocks):
+            start, end = i * block_size, (i + 1) * block_size
+            if end <= num_prompt:
+                tokens = tuple(prompt[start:end])
+            elif start >= num_prompt:
+                tokens = tuple(generated[start - num_prompt : end - num_prompt])
+            else:
+                tokens = (*prompt[start:], *generated[: end - num_prompt])
+            parent = hash((parent, tokens))
+            keys.append(parent)
+        return keys
+    num_prompt_blocks = num_prompt // block_size
+    if have < num_prompt_blocks:
+        keys.extend(
+            source.prompt_block_keys(
+                seq.seq_id, have, min(num_blocks, num_prompt_blocks), block_size
+            )
+        )
+        have = len(keys)
+    if have < num_blocks:
+        parent = keys[-1] if have > num_prompt_blocks else source.prompt_key(seq.seq_id, num_prompt)
+        for _ in range(have, num_blocks):
+            parent = hash((parent, GEN_TAG))
+            keys.append(parent)
+    return keys
+
+
+class PrefixCacheMixin:
+    """The BlockManager's prefix-cache map (see the module docstring)."""
+
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    event_sink: EventSink | None
+    _v1: bool
+
+    def get_num_free_blocks(self) -> int:
+        raise NotImplementedError
+
+    def _init_prefix_cache(self) -> None:
+        # key -> block id, or a list of block ids (oldest first) when several blocks hold
+        # the same content (_num_shared_keys counts those); and each block's key, if any.
+        # Keys are signed 64-bit, so a numpy column holds them: a table's keys are read and
+        # written in one operation, and a batch of evictions pops its keys with one map().
+        self._cached: dict[int, int | list[int]] = {}
+        self._num_shared_keys = 0
+        # C arrays (one block read as cheaply as a list item) with numpy views (a table's
+        # blocks in one operation), as the BlockManager's reference counts.
+        self._block_key_c = array("q", bytes(8 * self.num_blocks))
+        self._has_key_c = array("b", bytes(self.num_blocks))
+        self._block_key = np.frombuffer(self._block_key_c, dtype=np.int64)
+        self._has_key = np.frombuffer(self._has_key_c, dtype=np.bool_)
+        self._private_c = array("b", bytes(self.num_blocks))  # cached outside the map
+        self._private = np.frombuffer(self._private_c, dtype=np.bool_)
+        self._cached_at_c = array("q", bytes(8 * self.num_blocks))  # insertion order
+        self._cached_at = np.frombuffer(self._cached_at_c, dtype=np.int64)
+        self._cache_clock = 0
+        self.num_evictions = 0
+        # Keys a scheduler watches (FastV1Scheduler's blocked waiting head): caching any of
+        # them sets _watch_hit.
+        self._watch_keys: set[int] | None = None
+        self._watch_hit = False
+
+    def _evict(self, block_ids: list[int]) -> None:
+        """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
+        cache; the caller clears ``_has_key``."""
+        cached = self._cached
+        keys: list[int]
+        if len(block_ids) == 1:
+            b = block_ids[0]
+            keys = [self._block_key_c[b]]
+            if self._private_c[b]:
+                self._private_c[b] = 0
+                in_map = []
+            else:
+                in_map = block_ids
+        else:
+            keys = self._block_key[block_ids].tolist()
+            private = self._private[block_ids]
+            if private.any():
+                self._private[np.array(block_ids)[private]] = False
+                in_map = [b for b, p in zip(block_ids, private.tolist()) if not p]
+            else:
+                in_map = block_ids
+        if not in_map:
+            pass
+        elif not self._num_shared_keys:
+            # Each key maps to one block: pop them all at C speed.
+            map_keys = keys if in_map is block_ids else self._block_key[in_map].tolist()
+            deque(map(cached.pop, map_keys), maxlen=0)
+        else:
+            for b, key in zip(in_map, self._block_key[in_map].tolist()):
+                entry = cached.pop(key)
+                if entry.__class__ is not int:  # several blocks hold this content
+                    assert isinstance(entry, list)
+                    entry.remove(b)
+                    if len(entry) == 1:
+                        cached[key] = entry[0]
+                        self._num_shared_keys -= 1
+                    else:
+                        cached[key] = entry
+        self.num_evictions += len(block_ids)
+        sink = self.event_sink
+        if sink is not None and sink.prefix_cache_events:
+            sink.record(EVICT, -1, self.get_num_free_blocks(), block_ids, 0)
+            sink.record_hashes(keys)
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
+        tokens (the last token is always recomputed, for its logits); [] without caching."""
+        if not self.enable_prefix_caching:
+            return []
+        if seq.prefix is not None and not seq.prefix.shared:
+            return self._find_private_prefix(seq)
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        cached = self._cached
+        hits: list[int] = []
+        if not max_blocks:
+            return hits
+        keys = seq.block_hashes
+        if len(keys) < max_blocks:
+            # Keys are made lazily; most lookups miss early, so make them a few at a time.
+            have = len(keys)
+            i = 0
+            while i < max_blocks:
+                if i >= have:
+                    have = len(ensure_block_hashes(seq, min(max_blocks, max(2 * have, 8)), bs))
+                entry = cached.get(keys[i])
+                if entry is None:
+                    return hits
+                hits.append(entry if isinstance(entry, int) else entry[0])
+                i += 1
+            return hits
+        for key in keys[:max_blocks]:
+            entry = cached.get(key)
+            if entry is None:
+                break
+            hits.append(entry if isinstance(entry, int) else entry[0])
+        return hits
+
+    def _find_private_prefix(self, seq: Sequence) -> list[int]:
+        """``find_cached_prefix`` of a sequence whose blocks only it can hit: among the
+        blocks of its earlier tables still carrying its key, the earliest cached."""
+        tables = seq._cached_tables
+        hits: list[int] = []
+        if not tables:
+            return hits  # nothing but itself could have cached its blocks
+        bs = self.block_size
+        max_blocks = min((seq.num_tokens - 1) // bs, max(len(t) for t in tables))
+        keys = ensure_block_hashes(seq, max_blocks, bs)
+        has_key, private, block_key = self._has_key_c, self._private_c, self._block_key_c
+        cached_at = self._cached_at_c
+        for i in range(max_blocks):
+            key = keys[i]
+            best = -1
+            for table in tables:
+                if i < len(table):
+                    b = table[i]
+                    ours = has_key[b] and private[b] and block_key[b] == key
+                    if ours and (best < 0 or cached_at[b] < cached_at[best]):
+                        best = b
+            if best < 0:
+                break
+            hits.append(best)
+        return hits
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Cache ``seq``'s full blocks among its first ``num_tokens`` tokens (those not yet
+        cached), under their chained keys."""
+        bs = self.block_size
+        num_full = num_tokens // bs
+        start = seq._num_cached_blocks
+        if start >= num_full:
+            return
+        keys = ensure_block_hashes(seq, num_full, bs)
+        table = seq.block_table
+        cached = self._cached
+        new_keys = keys[start:num_full]
+        new_blocks = table[start:num_full]
+        private = seq.prefix is not None and not seq.prefix.shared
+        if private:
+            pass  # out of the map: see the module docstring
+        elif cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
+            cached.update(zip(new_keys, new_blocks))  # the usual case: content not cached yet
+        else:
+            for b, key in zip(new_blocks, new_keys):
+                entry = cached.get(key)
+                if entry is None:
+                    cached[key] = b
+                elif entry.__class__ is int:
+                    cached[key] = [entry, b]
+                    self._num_shared_keys += 1
+                else:
+                    entry.append(b)  # type: ignore[union-attr]
+        if num_full - start == 1:
+            b = new_blocks[0]
+            self._block_key_c[b] = new_keys[0]
+            self._has_key_c[b] = 1
+            if private:
+                self._private_c[b] = 1
+                self._cached_at_c[b] = self._cache_clock
+        else:
+            index = np.array(new_blocks, dtype=np.intp)
+            self._block_key[index] = new_keys
+            self._has_key[index] = True
+            if private:
+                self._private[index] = True
+                self._cached_at[index] = np.arange(
+                    self._cache_clock, self._cache_clock + len(index), dtype=np.int64
+                )
+        self._cache_clock += num_full - start
+        seq._num_cached_blocks = num_full
+        if self._watch_keys is not None and not self._watch_keys.isdisjoint(new_keys):
+            self._watch_hit = True
+        sink = self.event_sink
+        if sink is not None and sink.prefix_cache_events:
+            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
+            sink.record_hashes(new_keys)
+
+    def cache_decode_block(self, seq: Sequence) -> None:
+        """``cache_blocks`` when a decode token fills exactly one block (the fast decode
+        path): its key made in O(1) from the previous one, the same events."""
+        i = seq._num_cached_blocks
+        keys = seq.block_hashes
+        if (
+            len(keys) == i
+            and seq.prefix is not None
+            and i > seq.num_prompt_tokens // self.block_size
+        ):
+            key = hash((keys[-1], GEN_TAG))
+            keys.append(key)
+        else:
+            key = ensure_block_hashes(seq, i + 1, self.block_size)[i]
+        b = seq.block_table[i]
+        if seq.prefix is not None and not seq.prefix.shared:
+            self._private_c[b] = 1
+            self._cached_at_c[b] = self._cache_clock
+        else:
+            cached = self._cached
+            entry = cached.get(key)
+            if entry is None:
+                cached[key] = b
+            elif entry.__class__ is int:
+                cached[key] = [entry, b]
+                self._num_shared_keys += 1
+            else:
+                entry.append(b)  # type: ignore[union-attr]
+        self._cache_clock += 1
+        self._block_key_c[b] = key
+        self._has_key_c[b] = 1
+        seq._num_cached_blocks = i + 1
+        if self._watch_keys is not None and key in self._watch_keys:
+            self._watch_hit = True
+        sink = self.event_sink
+        if sink is not None and sink.prefix_cache_events:
+            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), (b,), i)
+            sink.record_hashes((key,))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
+        returns whether it did."""
+        if not self._v1 or not self.enable_prefix_caching:
+            return self.get_num_free_blocks() == self.num_blocks
+        if self.get_num_free_blocks() != self.num_blocks:
+            return False
+        self._cached.clear()
+        self._num_shared_keys = 0
+        self._has_key[:] = False
+        self._private[:] = False
+        sink = self.event_sink
+        if sink is not None and sink.prefix_cache_events:
+            sink.record(CACHE_RESET, -1, self.num_blocks)
+        return True

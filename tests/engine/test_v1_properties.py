@@ -1,0 +1,173 @@
+"""Property tests of the v1 scheduler: random arrivals, steps, aborts (between steps and
+between schedule() and update()) and multi-step decode windows, under random pools, block
+sizes, budgets, thresholds, policies, caching, chunking, watermarks and max_model_len.
+
+Every step checks the BlockManager's v1 invariants (reference counts, the prefix-cache map,
+the free queue with its evictable blocks, each holder's chunk progress), and the cost-mode
+FastV1Scheduler must give exactly the plain V1Scheduler's steps, events, block ids, cache
+keys and final sequences. ``V1Machine`` runs the two side by side as a hypothesis state
+machine (arrivals, steps with and without a mid-step abort, aborts), comparing every step
+and checking invariants after every rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from v1_drive import drive, make_prompt, op, v1_setups
+
+from engine import (
+    BlockManager,
+    EventRecorder,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    SequenceStatus,
+)
+from engine.fast_decode import FastDecodeScheduler
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+def test_fast_v1_matches_the_plain_v1_scheduler(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    plain = drive(False, ops, setup, check=True)
+    fast = drive(True, ops, setup, check=True)
+    assert fast.trace == plain.trace
+    assert fast.events == plain.events
+    assert fast.block_ids == plain.block_ids
+    assert fast.block_hashes == plain.block_hashes
+    for a, b in zip(fast.sequences, plain.sequences):
+        assert (a.status, a.generated_token_ids, a.num_preemptions, a.finish_reason) == (
+            b.status,
+            b.generated_token_ids,
+            b.num_preemptions,
+            b.finish_reason,
+        )
+    bm = plain.scheduler.block_manager
+    assert bm.get_num_free_blocks() == setup["num_blocks"]  # cached blocks are free
+    assert bm.reset_prefix_cache()
+    bm.check_invariants()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+def test_every_request_ends_and_outputs_are_consistent(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    result = drive(False, ops, setup, check=True)
+    budget = setup["max_num_batched_tokens"]
+    for step in result.trace:
+        if step[0] == "abort":
+            continue
+        _, batch, tokens, preempted, _, admitted, _, _, _, _ = step
+        assert sum(tokens) <= budget
+        assert len(batch) == len(set(batch)) <= setup["max_num_seqs"]
+        assert not set(preempted) & set(batch)
+        if preempted:
+            assert not admitted  # nothing is admitted in a step that preempts
+        if setup["threshold"] and len(batch) > 1:
+            assert all(t <= setup["threshold"] for t in tokens)
+    for seq in result.sequences:
+        assert seq.status.is_finished
+        if seq.status is SequenceStatus.FINISHED_LENGTH:
+            max_len = setup["max_model_len"]
+            assert seq.num_generated_tokens == seq.sampling_params.max_tokens or (
+                max_len is not None and seq.num_tokens == max_len
+            )
+        assert seq.block_table == []
+
+
+class V1Machine(RuleBasedStateMachine):
+    """The plain V1Scheduler and the FastV1Scheduler side by side, rule by rule: same
+    outputs after every step, invariants after every rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair: list[Any] = []
+        self.next_id = 0
+
+    @initialize(setup=v1_setups())
+    def build(self, setup: dict[str, Any]) -> None:
+        self.setup = setup
+        for fast in (False, True):
+            recorder = EventRecorder()
+            bm = BlockManager(
+                setup["num_blocks"],
+                setup["block_size"],
+                setup["watermark"],
+                event_sink=recorder,
+                enable_prefix_caching=setup["caching"],
+            )
+            config = SchedulerConfig(
+                max_num_seqs=setup["max_num_seqs"],
+                max_num_batched_tokens=setup["max_num_batched_tokens"],
+                max_model_len=setup["max_model_len"],
+                scheduler="v1",
+                enable_chunked_prefill=setup["chunked"],
+                long_prefill_token_threshold=setup["threshold"],
+                policy=setup["policy"],
+            )
+            self.pair.append((FastDecodeScheduler if fast else Scheduler)(config, bm))
+
+    @rule(
+        mask=st.integers(0, 31),
+        own=st.integers(0, 12),
+        out=st.integers(1, 30),
+        prio=st.integers(0, 3),
+    )
+    def add(self, mask: int, own: int, out: int, prio: int) -> None:
+        prompt = make_prompt(mask, own, self.next_id)
+        for sched in self.pair:
+            params = SamplingParams(max_tokens=out, ignore_eos=True)
+            arrival = float(self.next_id // 3)
+            sched.add_request(Sequence(self.next_id, list(prompt), params, arrival, prio))
+        self.next_id += 1
+
+    @rule(abort=st.one_of(st.none(), st.integers(0, 30)))
+    def step(self, abort: int | None) -> None:
+        results = []
+        for sched in self.pair:
+            out = sched.schedule()
+            aborted = sched.abort(abort) if abort is not None else None
+            finished = sched.update(out, [0] * out.num_seqs)
+            results.append(
+                (
+                    [(s.seq_id, n) for s, n in zip(out.seqs, out.num_new_tokens)],
+                    [s.seq_id for s in out.preempted],
+                    [s.seq_id for s in out.rejected],
+                    [(s.seq_id, s.prefix_hit_tokens) for s in out.admitted],
+                    [s.seq_id for s in finished],
+                    aborted,
+                    sched.num_cached_tokens,
+                    sched.block_manager.get_num_free_blocks(),
+                )
+            )
+        assert results[0] == results[1]
+
+    @rule(seq_id=st.integers(0, 30))
+    def abort_between_steps(self, seq_id: int) -> None:
+        assert self.pair[0].abort(seq_id) == self.pair[1].abort(seq_id)
+
+    @invariant()
+    def pools_are_sound(self) -> None:
+        for sched in self.pair:
+            getattr(sched, "sync", lambda: None)()
+            sched.block_manager.check_invariants()
+        if self.pair:
+            plain, fast = (s.block_manager for s in self.pair)
+            assert plain.event_sink.columns()[0]["kind"].tolist() == (
+                fast.event_sink.columns()[0]["kind"].tolist()
+            )
+
+
+V1Machine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+TestV1Machine = V1Machine.TestCase
