@@ -5,7 +5,8 @@
    decode at other block sizes.
 2. ns per call, medians of interleaved rounds: the decode closure the simulator calls per plain
    decode step, ``step_time_of`` on a decode, a prefill and a mixed v1 step, and the executor's
-   ``step_time`` on a mixed step of 64 sequences.
+   ``step_time`` on a mixed step of 64 sequences, as the plain and as the fast v1 scheduler
+   give it (63 lazy decoders counted from the scheduler's counters).
 
     python benchmarks/bench_costmodel.py [--rounds 15] [--calls 1000] [--tables-only]
 """
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import SamplingParams, SchedulerOutput, Sequence, StepKind
+from engine.fast_v1 import FastV1Output
 from kvsim.costmodel import BatchShape, CostModel, resolve_gpu, resolve_model
 from kvsim.sim.executor import CostModelExecutor
 
@@ -85,8 +87,25 @@ def _mixed_output(n: int) -> SchedulerOutput:
                            block_size=16, preempted=[], rejected=[])  # fmt: skip
 
 
+class _UsedBlocks:
+    num_used_blocks = 4_096
+
+
 class _V1:
+    """What the executor reads of a v1 scheduler."""
+
     is_v1 = True
+    num_running = 64
+    num_cached_tokens = 256 + 63 * 1000  # every running sequence's cached_token_count
+    block_manager = _UsedBlocks()
+
+
+def _fast_v1_output(out: SchedulerOutput) -> FastV1Output:
+    """``out`` as FastV1Scheduler gives it: only the prefilling sequence is listed exact."""
+    fast = FastV1Output(step=0, kind=out.kind, seqs=out.seqs, num_new_tokens=out.num_new_tokens,
+                        block_size=16, preempted=[], rejected=[])  # fmt: skip
+    fast.exact_seqs = [(out.seqs[0], out.num_new_tokens[0])]
+    return fast
 
 
 def speed(rounds: int, calls: int) -> None:
@@ -95,12 +114,15 @@ def speed(rounds: int, calls: int) -> None:
     of = cost.step_time_of
     executor = CostModelExecutor(cost)
     out, v1 = _mixed_output(64), _V1()
+    fast = _fast_v1_output(out)
+    assert executor.step_time(fast, v1) == executor.step_time(out, v1)  # type: ignore[arg-type]
     cases: dict[str, Callable[[], Any]] = {
         "decode closure (per plain decode step)": lambda: closure(64, 64_000, 4_032),
         "step_time_of, decode": lambda: of(64, 64, 64, 64_000, 0, 0, 0, 4_032),
         "step_time_of, prefill 2000": lambda: of(1, 2000, 0, 0, 2_001_000, 0, 0, 125),
         "step_time_of, mixed": lambda: of(64, 575, 63, 63_000, 131_328, 131_072, 256, 4_096),
         "executor.step_time, mixed 64 seqs": lambda: executor.step_time(out, v1),  # type: ignore[arg-type]
+        "executor.step_time, FastV1 mixed 64 seqs": lambda: executor.step_time(fast, v1),  # type: ignore[arg-type]
     }
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):  # interleaved: drift hits every case alike

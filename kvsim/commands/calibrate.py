@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import console, fail, say
 from kvsim.errors import KvsimError
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def calibrate_command(
             out.mkdir(parents=True, exist_ok=True)
             for name, co in fitted.items():
                 save_coefficients(co, out / f"{name}.json")
-                console.print(f"wrote [bold]{out / f'{name}.json'}[/bold]")
+                say(f"wrote {out / f'{name}.json'}")
             return
         if gpu is None:
             fail("pass --gpu GPU (a preset, or a GPU spec file: an engine profile's device.json)")
@@ -151,7 +151,7 @@ def calibrate_command(
         "Whole steps",
     )
     print_tables([t for t in error_tables([validation]) if any(w in t[0] for w in wanted)])
-    console.print(f"wrote [bold]{out}[/bold]")
+    say(f"wrote {out}")
 
 
 def _device_of(profiles: ProfileSet, gpu: GPUSpec, device: str | None) -> str:
@@ -217,7 +217,7 @@ def validate_command(
     except (KvsimError, OSError) as exc:
         fail(str(exc))
     print_tables(tables)
-    console.print(f"wrote [bold]{out_dir}[/bold] ({len(files)} files)")
+    say(f"wrote {out_dir} ({len(files)} files)")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from engine import EngineError
-from kvsim.commands.console import console, fail
+from kvsim.commands.console import console, fail, say
 from kvsim.commands.options import with_run_options
 from kvsim.config import DEFAULT_THREADS, RunConfig
 from kvsim.errors import KvsimError
@@ -98,9 +98,9 @@ def profile_command(
 
     reason = noise_refusal(record)
     if reason:
-        console.print(f"[yellow]warning:[/yellow] {reason}: kvsim calibrate will refuse it")
-    console.print(f"wrote [bold]{out_dir}[/bold]; next: kvsim calibrate {out_dir} "
-                  f"--gpu {out_dir / 'device.json'} -o cpu.json")  # fmt: skip
+        say(f"warning: {reason}: kvsim calibrate will refuse it", style="yellow")
+    device = out_dir / "device.json"
+    say(f"wrote {out_dir}; next: kvsim calibrate {out_dir} --gpu {device} -o cpu.json")
 
 
 @with_run_options("run")
@@ -144,7 +144,7 @@ def validate_run_command(
     except (*USER_ERRORS, ValueError, OSError) as exc:
         fail(str(exc))
     _print_comparison(comparison.summary)
-    console.print(f"wrote [bold]{out_dir}[/bold]")
+    say(f"wrote {out_dir}")
 
 
 def _print_comparison(summary: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ whose context the step changes otherwise (a FastV1 step's ``exact_seqs``: O(chun
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from engine import Scheduler, SchedulerOutput, Sequence, StepKind
@@ -52,18 +52,20 @@ def _counts(
     ``num_cached_tokens`` (every running sequence is in a fast step): a step costs O(chunks),
     not O(running), and the plain and fast schedulers price it identically."""
     exact: list[tuple[Sequence, int]] | None = getattr(out, "exact_seqs", None)
+    scheduled: Iterable[tuple[Sequence, int]]
     if exact is None:
-        exact = list(zip(out.seqs, out.num_new_tokens))
+        scheduled = zip(out.seqs, out.num_new_tokens)  # no list: this runs every prefill step
         decodes = context = 0
     else:
         if scheduler is None:
             raise TypeError("a FastV1 step's counts need its scheduler (lazy decoders)")
+        scheduled = exact
         decodes = len(out.seqs) - len(exact)
         context = scheduler.num_cached_tokens + out.num_batched_tokens
         for seq, n in exact:
             context -= seq.cached_token_count + n
     causal = cached_pairs = cached = 0
-    for seq, n in exact:
+    for seq, n in scheduled:
         c = seq.cached_token_count
         if n == 1 and c:
             decodes += 1
@@ -102,9 +104,9 @@ class CostModelExecutor:
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
         """Block-table entries the step's attention reads (read before ``update``). A decode
-        step or a v1 step reads every used block (a block a running sequence holds), in O(1);
-        a prefix block several sequences share counts once (the walk term is about 1.5 ns a
-        block on the shipped GPUs, so this is below the model's error)."""
+        step or a v1 step reads every used block (a block a running sequence holds), in O(1):
+        a prefix block k sequences share counts once, not k times (on the Mooncake trace's
+        shared prefixes that prices v1 steps about 1% lower; docs/costmodel.md, Limitations)."""
         if out.kind is DECODE or scheduler.is_v1:
             return scheduler.block_manager.num_used_blocks
         return sum(len(seq.block_table) for seq in out.seqs)
