@@ -11,6 +11,12 @@ Prints the machine's load average before and after each part, the profile's nois
 medians over the repeats of: step-time MAPE, and the relative error of throughput, TTFT and
 TPOT. Acceptance: step-time MAPE <= 10%, throughput within 5%.
 
+Two noise figures say what a perfect model could reach on this machine: the step-time MAPE a
+model exact in the mean would get against single measurements with the profile's repeat
+spread (sqrt(2/pi) x the median coefficient of variation of its whole steps, the mean absolute
+deviation of a normal variable), and how far the engine's own throughput moves between the
+identical repeats (max / min - 1).
+
     python benchmarks/bench_validate_run.py [--profile DIR] [--repeats 3] [--timer wall|thread]
                                             [--out DIR]
 """
@@ -19,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from kvsim.config import RunConfig
 from kvsim.costmodel import load_coefficients, resolve_gpu, save_coefficients
@@ -46,6 +55,13 @@ FIGURES = (
 
 def load() -> str:
     return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def step_noise_floor_pct(profile: Path) -> float:
+    """sqrt(2/pi) x the median CV of the profile's repeated whole steps, in %."""
+    steps = pd.concat(pd.read_csv(f) for f in sorted((profile / "steps").glob("*.csv")))
+    cv = steps["time_stats.step.std"] / steps["time_stats.step.median"]
+    return 100 * math.sqrt(2 / math.pi) * float(cv.median())
 
 
 def held_out_trace(folder: Path, seed: int) -> Path:
@@ -94,11 +110,18 @@ def main() -> None:
         max_num_seqs=64, max_num_batched_tokens=2048, seed=args.seed,
     )  # fmt: skip
     results: list[dict[str, Any]] = []
+    shape_mape: list[float] = []
     for i in range(args.repeats):
         print(f"validate-run {i + 1}/{args.repeats}, load average before: {load()}")
         comparison = compare_runs(config, gpu, co, args.timer)
         write_comparison(comparison, work / f"validate_run_{i}")
         results.append(comparison.summary)
+        # The model's error once the run's overall speed is taken out: the machine's speed
+        # moves between runs (see the noise line), the model's shape should not.
+        steps = comparison.steps
+        ratio = float((steps["measured_s"] / steps["predicted_s"]).median())
+        scaled = steps["predicted_s"] * ratio / steps["measured_s"] - 1
+        shape_mape.append(round(100 * float(scaled.abs().mean()), 2))
         s = comparison.summary
         print(f"  steps {s['num_steps']}, step MAPE {s['step_time_mape_pct']}%, "
               f"throughput {s['relative_error']['throughput_output_tokens_per_s']:+.2%}, "
@@ -118,6 +141,21 @@ def main() -> None:
             by_kind.setdefault(row["kind"], []).append(row["mape_pct"])
     for kind, values in by_kind.items():
         print(f"step-time MAPE, {kind:8s}             median {statistics.median(values):6.2f}")
+    bias: dict[str, list[float]] = {}
+    for r in results:
+        for row in r["step_time_by_kind"]:
+            bias.setdefault(row["kind"], []).append(row["bias_pct"])
+    for kind, values in bias.items():
+        print(f"step-time bias, {kind:8s}             median {statistics.median(values):+6.2f}%"
+              f"  runs {values}")  # fmt: skip
+    print(f"step-time MAPE, run speed removed    median {statistics.median(shape_mape):6.2f}"
+          f"   runs {shape_mape} (x the run's median measured / predicted)")  # fmt: skip
+    engine = [r["engine"]["throughput_output_tokens_per_s"] for r in results]
+    spread = max(engine) / min(engine) - 1
+    print(f"\nnoise: a perfect model's step-time MAPE at the profile's spread "
+          f"{step_noise_floor_pct(profile):.1f}%; engine throughput across the identical "
+          f"repeats {[round(t) for t in engine]} tok/s, spread {spread:.1%}; "
+          f"engine wall {[r['engine_wall_s'] for r in results]} s")  # fmt: skip
     print(f"\nfolders in {work}")
 
 
