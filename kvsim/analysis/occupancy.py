@@ -4,9 +4,10 @@ Everything here is computed from ``events.parquet`` (one row per (event, block))
 ``steps.parquet``, vectorised with numpy/pandas, so a run of 100,000 blocks and 100,000 steps
 is reconstructed in seconds:
 
-- ``block_intervals``: one row per time a sequence held a block, from its ``ALLOCATE`` or
-  ``APPEND_BLOCK`` row to the matching ``FREE`` row (the k-th start of a (block, sequence)
-  pair ends at its k-th free, so shared blocks with reference counts work too).
+- ``block_intervals``: one row per time a sequence held a block, from its ``ALLOCATE``,
+  ``APPEND_BLOCK`` or (v1) ``PREFIX_HIT`` row to the matching ``FREE`` row (the k-th start of
+  a (block, sequence) pair ends at its k-th free, so shared blocks with reference counts work
+  too).
 - ``occupancy_grid``: those intervals aggregated into a pixel grid (blocks x time bins), each
   cell the share of its block-time in use, and, for pools small enough to give each block a
   row, the owning sequence at each column's centre.
@@ -27,7 +28,10 @@ from kvsim.errors import KvsimError
 
 FREE = -1  # owner of a free block
 SHARED = -2  # owner of a block held by more than one sequence at once
-START_KINDS = ("ALLOCATE", "APPEND_BLOCK")
+ALLOCATION_KINDS = ("ALLOCATE", "APPEND_BLOCK")
+# Under v1 a prefix hit takes a reference to a cached block, which the sequence's FREE returns
+# (docs/engine.md, "Events and invariants").
+START_KINDS = (*ALLOCATION_KINDS, "PREFIX_HIT")
 END_KINDS = ("FINISH", "ABORT", "REJECT")
 STATES = ("queued", "prefill", "decode", "preempted")
 
@@ -77,7 +81,7 @@ def _region_sizes(events: pd.DataFrame) -> np.ndarray:
     rows_in_event = np.bincount(event_id)[event_id]
     free = events["free_blocks"].to_numpy(np.int64)
     drop = np.concatenate([[0], free[:-1] - free[1:]])
-    region = events["kind"].isin(START_KINDS).to_numpy() & (rows_in_event == 1) & (drop > 1)
+    region = events["kind"].isin(ALLOCATION_KINDS).to_numpy() & (rows_in_event == 1) & (drop > 1)
     return np.where(region, drop, 1)
 
 
@@ -102,7 +106,7 @@ def block_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.Data
             row = orphan.iloc[0]
             raise OccupancyError(
                 f"FREE of block {row['block_id']} by sequence {row['seq_id']} at "
-                f"{row['time_s']} s has no ALLOCATE or APPEND_BLOCK before it"
+                f"{row['time_s']} s has no ALLOCATE, APPEND_BLOCK or PREFIX_HIT before it"
             )
     if end_s is None:
         end_s = float(events["time_s"].max()) if len(events) else 0.0
