@@ -27,7 +27,7 @@ class EventKind(enum.IntEnum):
     ALLOCATE = 3  # blocks allocated for a prefill
     APPEND_BLOCK = 4  # one block appended for a decode token
     FREE = 5  # blocks returned to the free list
-    PREEMPT = 6  # running sequence evicted (recompute mode)
+    PREEMPT = 6  # running sequence evicted (recompute mode); v1: num_tokens = its tokens
     FINISH = 7  # finished by EOS, stop token or length
     ABORT = 8  # cancelled by the caller
     REJECT = 9  # can never fit (pool, max_model_len or token budget)
@@ -321,6 +321,20 @@ class EventRecorder:
         """int64 keys of the blocks of every CACHE and EVICT event, in event order (each
         event's ``num_blocks`` of them); empty unless ``keep_block_hashes``."""
         return np.array(self._block_hashes, dtype=np.int64)
+
+    @property
+    def num_block_hashes(self) -> int:
+        """Keys kept so far and not popped. A CACHE or EVICT event's keys come right after
+        it, so a chunk that ends with one is packed before its keys arrive."""
+        return len(self._block_hashes)
+
+    def pop_block_hashes(self, count: int) -> np.ndarray:
+        """The first ``count`` kept keys (``block_hashes()``), dropped from the recorder: a
+        consumer of each packed chunk takes its CACHE and EVICT blocks' keys (recorded by
+        the next chunk is packed, or the recorder flushed) so they need not stay in memory."""
+        taken = np.array(self._block_hashes[:count], dtype=np.int64)
+        del self._block_hashes[:count]
+        return taken
 
     def _pack(self) -> None:
         if self._rows:

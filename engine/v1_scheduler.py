@@ -312,7 +312,11 @@ class V1Scheduler(Scheduler):
         seq.num_preemptions += 1
         self._waiting.appendleft(seq)
         if self.event_sink is not None:
-            self.event_sink.record(PREEMPT, seq.seq_id, self.block_manager.get_num_free_blocks())
+            # num_tokens: what its lookup will cover when it is admitted again (vLLM counts
+            # a resumed request's num_tokens in preempted_queries)
+            self.event_sink.record(
+                PREEMPT, seq.seq_id, self.block_manager.get_num_free_blocks(), (), seq.num_tokens
+            )
 
     # --- finish -------------------------------------------------------------------------------
 

@@ -297,8 +297,8 @@ class RunConfig:
     )
     enable_prefix_caching: bool = option(
         True,
-        help="v1: reuse cached full KV blocks across requests (a trace's hash_ids say which "
-        "prompts share a prefix)",
+        help="v1: reuse cached full KV blocks across requests (a trace's hash_ids, else its "
+        "session ids, say which prompts share a prefix: docs/formats.md)",
     )
     scheduling_policy: Policy = option(
         "fcfs",

@@ -15,9 +15,11 @@ from engine import Scheduler, SchedulerConfig
 from engine.events import ChunkCallback, Columns
 from engine.fast_decode import FastDecodeScheduler
 from engine.prefix_keys import PrefixSource, prefix_from_hash_ids
-from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter
+from kvsim.analysis.block_states import BlockStateTracker
+from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
 from kvsim.analysis.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
+from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
 from kvsim.config import RunConfig, SchedulingLimits, parse_step_time, scheduling_limits
 from kvsim.costmodel import (
     CostModel,
@@ -29,7 +31,13 @@ from kvsim.costmodel import (
     resolve_model,
 )
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
-from kvsim.sim.engine_mode import EngineExecutor, PromptTokens, build_llm
+from kvsim.sim.engine_mode import (
+    SESSION_STREAM_TOKENS,
+    EngineExecutor,
+    PromptTokens,
+    build_llm,
+    session_stream_key,
+)
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
@@ -170,6 +178,8 @@ def run(
         "trace_name": trace.name,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
+        "scheduler": config.resolved_scheduler(),
+        "enable_prefix_caching": config.caches_prefixes(),
         **dataclasses.asdict(limits),
         "memory_plan": plan,
         "cost_model": cost_model.describe(),
@@ -211,6 +221,8 @@ def _run_engine_mode(
         "trace_name": trace.name,
         "num_blocks": block_manager.num_blocks,
         "max_model_len": scheduler.config.max_model_len,
+        "scheduler": config.resolved_scheduler(),
+        "enable_prefix_caching": config.caches_prefixes(),
         **dataclasses.asdict(limits),
         "engine": {
             "model": config.model,
@@ -271,10 +283,16 @@ def simulate(
         )  # fmt: skip
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
-        # Placeholder tokens say nothing about sharing: the trace's hash_ids do.
+        # Placeholder tokens say nothing about sharing: the trace's hash_ids do, or else its
+        # session ids (docs/formats.md, "Prefix identity").
         hash_block_size, block_size = trace.hash_block_size, config.block_size
 
         def prefix_of(request: Request) -> PrefixSource:
+            if not request.hash_ids and request.session_id is not None:
+                return prefix_from_hash_ids(
+                    [session_stream_key(request.session_id)], SESSION_STREAM_TOKENS,
+                    request.prompt_tokens, block_size,
+                )  # fmt: skip
             return prefix_from_hash_ids(
                 request.hash_ids, hash_block_size, request.prompt_tokens, block_size
             )
@@ -285,7 +303,13 @@ def simulate(
         seed=config.seed,
         until=config.until,
     )
-    writer = EventsParquetWriter(events_path) if events_path is not None else None
+    v1 = config.resolved_scheduler() == "v1"
+    # A v1 run with prefix caching stores each CACHE / EVICT block's key (events.parquet's
+    # block_hash), for `kvsim export-kv-events`.
+    keyed = config.caches_prefixes() and (events_path is not None or keep_events)
+    writer = (
+        EventsParquetWriter(events_path, block_hashes=keyed) if events_path is not None else None
+    )
     # Streamed to disk or not kept: memory holds event rows without their block ids, and for
     # paging only the request-level kinds, because the KV breakdown is accounted chunk by chunk.
     streamed = writer is not None or not keep_events
@@ -300,7 +324,11 @@ def simulate(
     consumers: list[ChunkCallback] = []
     if usage is not None:
         consumers.append(usage.consume)
-    if writer is not None:
+    block_states = BlockStateTracker(num_blocks) if v1 else None
+    if block_states is not None:
+        consumers.append(block_states.consume)
+    keyed_chunks: KeyedChunks | None = None
+    if writer is not None and not keyed:
         consumers.append(writer.write_chunk)
 
     def on_chunk(cols: Columns, block_ids: np.ndarray) -> None:
@@ -317,22 +345,37 @@ def simulate(
         on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,
+        keep_block_hashes=keyed,
         # an engine-mode step takes milliseconds to seconds: report each one
         progress_every_steps=1 if config.mode == "engine" else PROGRESS_EVERY_STEPS,
     )
+    if writer is not None and keyed:
+        keyed_chunks = KeyedChunks(sim.recorder, writer.write_chunk)
+        consumers.append(keyed_chunks)
     if on_start is not None:
         on_start(len(trace.requests))
     try:
         result = sim.run(progress)
+        if keyed_chunks is not None:
+            keyed_chunks.close()
     finally:
         if writer is not None:
             writer.close()
-    steps = add_kv_breakdown(steps_frame(result), result, config.allocator, max_model_len, usage)
-    requests = requests_frame(result, steps)
-    events = events_frame(result) if not streamed else None
+    steps = add_kv_breakdown(
+        steps_frame(result, v1=v1), result, config.allocator, max_model_len, usage,
+        v1=v1, block_states=block_states,
+    )  # fmt: skip
+    adm = prefix_cache = None
+    if v1:
+        prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
+        adm = admissions(result.recorder.columns()[0], prompt)
+        prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
+    requests = requests_frame(result, steps, adm)
+    events = events_frame(result, block_hashes=keyed) if not streamed else None
     summary = summarize(
         result, requests, steps,
         closed_loop=config.concurrency is not None, measured=config.mode == "engine",
+        prefix_cache=prefix_cache,
     )  # fmt: skip
     marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

@@ -12,8 +12,8 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
 
 
-def test_the_four_notebooks_are_there() -> None:
-    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_"]
+def test_the_five_notebooks_are_there() -> None:
+    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +19,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine import EventKind
-from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns
+from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns, EventRecorder
 from kvsim.errors import KvsimError
 
 EVENT_KIND_NAMES = [k.name for k in EventKind]
-# What requests_frame, summarize and the run plots read from the in-memory stream.
+KeyedChunkCallback = Callable[[Columns, np.ndarray, np.ndarray], None]
+# What requests_frame, summarize and the run plots read from the in-memory stream (RESUME,
+# PREFIX_HIT: a v1 run's prefix-cache metrics).
 METRIC_KINDS = (
     EventKind.ARRIVE,
     EventKind.ADMIT,
+    EventKind.RESUME,
+    EventKind.PREFIX_HIT,
     EventKind.PREEMPT,
     EventKind.FINISH,
     EventKind.ABORT,
@@ -33,9 +38,21 @@ METRIC_KINDS = (
 )
 
 
-def _exploded_columns(cols: Columns, block_ids: np.ndarray) -> dict[str, np.ndarray]:
+# Events whose blocks carry their prefix-cache keys (block_hash; engine/events.py).
+HASHED_KINDS = (EventKind.CACHE, EventKind.EVICT)
+
+
+def num_hashed_blocks(cols: Columns) -> int:
+    """Blocks of the CACHE and EVICT events in ``cols``: the keys they carry."""
+    return int(cols["num_blocks"][np.isin(cols["kind"], HASHED_KINDS)].sum())
+
+
+def _exploded_columns(
+    cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Event columns as rows per (event, block); events without blocks get block_id -1. The
-    kind column holds the EventKind codes."""
+    kind column holds the EventKind codes. With ``block_hashes`` (the keys of the CACHE and
+    EVICT blocks, in order) a ``block_hash`` column holds them, 0 on every other row."""
     counts = cols["num_blocks"]
     rows = np.maximum(counts, 1)
     expanded_blocks = np.full(int(rows.sum()), -1, dtype=np.int64)
@@ -45,7 +62,7 @@ def _exploded_columns(cols: Columns, block_ids: np.ndarray) -> dict[str, np.ndar
     def column(name: str) -> np.ndarray:
         return np.repeat(cols[name].astype(np.int64, copy=False), rows)
 
-    return {
+    out = {
         "time_s": np.repeat(cols["time_s"], rows),
         "step": column("step"),
         "kind": np.repeat(cols["kind"].astype(np.int8, copy=False), rows),
@@ -54,11 +71,23 @@ def _exploded_columns(cols: Columns, block_ids: np.ndarray) -> dict[str, np.ndar
         "free_blocks": column("free_blocks"),
         "num_tokens": column("num_tokens"),
     }
+    if block_hashes is not None:
+        hashed = np.isin(out["kind"], HASHED_KINDS) & (expanded_blocks >= 0)
+        if int(hashed.sum()) != len(block_hashes):
+            raise ValueError(
+                f"{len(block_hashes)} block keys for {int(hashed.sum())} CACHE/EVICT blocks"
+            )
+        keys = np.zeros(len(expanded_blocks), dtype=np.int64)
+        keys[hashed] = block_hashes
+        out["block_hash"] = keys
+    return out
 
 
-def exploded_frame(cols: Columns, block_ids: np.ndarray) -> pd.DataFrame:
+def exploded_frame(
+    cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
+) -> pd.DataFrame:
     """events.parquet's rows as a DataFrame (kind categorical, by name)."""
-    columns = _exploded_columns(cols, block_ids)
+    columns = _exploded_columns(cols, block_ids, block_hashes)
     kind = pd.Categorical.from_codes(columns["kind"], EVENT_KIND_NAMES)
     return pd.DataFrame({**columns, "kind": kind})
 
@@ -66,11 +95,13 @@ def exploded_frame(cols: Columns, block_ids: np.ndarray) -> pd.DataFrame:
 _KIND_DICTIONARY = pa.array(EVENT_KIND_NAMES, type=pa.string())
 
 
-def exploded_table(cols: Columns, block_ids: np.ndarray) -> pa.Table:
+def exploded_table(
+    cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
+) -> pa.Table:
     """events.parquet's rows as an Arrow table, built straight from the numpy columns (no
     DataFrame in between: the writer thread then holds the GIL for a fraction of the time).
     Read back with pandas it equals ``exploded_frame``."""
-    columns = _exploded_columns(cols, block_ids)
+    columns = _exploded_columns(cols, block_ids, block_hashes)
     return pa.table(
         {
             name: pa.DictionaryArray.from_arrays(pa.array(column), _KIND_DICTIONARY)
@@ -94,20 +125,28 @@ class EventsParquetWriter:
     most ``max_pending`` chunks wait in between, which bounds memory. A failure on that
     thread is raised by the next ``write_chunk`` or by ``close``, never dropped."""
 
-    def __init__(self, path: Path, max_pending: int = 2) -> None:
+    def __init__(self, path: Path, max_pending: int = 2, *, block_hashes: bool = False) -> None:
+        """With ``block_hashes`` every chunk comes with its CACHE / EVICT blocks' keys, and
+        the file has a ``block_hash`` column (a v1 run with prefix caching)."""
         self.path = Path(path)
+        self.block_hashes = block_hashes
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
-        self._pending: queue.Queue[tuple[Columns, np.ndarray] | None] = queue.Queue(max_pending)
+        self._pending: queue.Queue[tuple[Columns, np.ndarray, np.ndarray | None] | None] = (
+            queue.Queue(max_pending)
+        )
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._drain, name="kvsim-events-parquet", daemon=True
         )
         self._thread.start()
 
-    def write_chunk(self, cols: Columns, block_ids: np.ndarray) -> None:
+    def write_chunk(
+        self, cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
+    ) -> None:
         self._raise_if_failed()
-        self._pending.put((cols, block_ids))  # the recorder never changes a chunk it handed out
+        # the recorder never changes a chunk it handed out
+        self._pending.put((cols, block_ids, block_hashes))
 
     def _drain(self) -> None:
         while (item := self._pending.get()) is not None:
@@ -117,8 +156,10 @@ class EventsParquetWriter:
                 except BaseException as error:  # re-raised on the caller's thread
                     self._error = error
 
-    def _write(self, cols: Columns, block_ids: np.ndarray) -> None:
-        table = exploded_table(cols, block_ids)
+    def _write(self, cols: Columns, block_ids: np.ndarray, hashes: np.ndarray | None) -> None:
+        if self.block_hashes != (hashes is not None):
+            raise ValueError("block keys must come with every chunk, or with none")
+        table = exploded_table(cols, block_ids, hashes)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
         self._writer.write_table(table)
@@ -143,8 +184,38 @@ class EventsParquetWriter:
         self._raise_if_failed()
         if self._writer is None:
             empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
-            table = exploded_table(empty, np.empty(0, dtype=np.int64))
+            none = np.empty(0, dtype=np.int64)
+            table = exploded_table(empty, none, none if self.block_hashes else None)
             pq.write_table(table, self.path, compression="zstd")
             return
         self._writer.close()
         self._writer = None
+
+
+class KeyedChunks:
+    """An ``on_chunk`` callback that hands ``write`` each chunk with its CACHE / EVICT
+    blocks' keys, taken from ``recorder`` (which must keep them): a chunk waits until its
+    keys have been recorded (a chunk ending in a CACHE event is packed before its keys
+    arrive). Call ``close`` once the recorder is flushed."""
+
+    def __init__(self, recorder: EventRecorder, write: KeyedChunkCallback) -> None:
+        self._recorder = recorder
+        self._write = write
+        self._pending: list[tuple[Columns, np.ndarray, int]] = []
+
+    def __call__(self, cols: Columns, block_ids: np.ndarray) -> None:
+        self._pending.append((cols, block_ids, num_hashed_blocks(cols)))
+        self._drain()
+
+    def _drain(self) -> None:
+        recorder = self._recorder
+        while self._pending and recorder.num_block_hashes >= self._pending[0][2]:
+            cols, block_ids, need = self._pending.pop(0)
+            self._write(cols, block_ids, recorder.pop_block_hashes(need))
+
+    def close(self) -> None:
+        """Write what waits; raises if keys are missing (the recorder kept none)."""
+        self._drain()
+        if self._pending:
+            need = sum(p[2] for p in self._pending)
+            raise ValueError(f"{need} CACHE/EVICT block keys were never recorded")

@@ -35,6 +35,7 @@ from engine import EventKind
 from engine.buddy import BuddyAllocator, order_of
 from engine.contiguous import POLICIES, Policy, reservation_tokens
 from engine.events import Columns
+from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.sim.simulation import SimResult
 from workloads import Request
 
@@ -52,6 +53,8 @@ SUMMARY_FIELDS = (
     "kv_external_frag_share_mean",
     "kv_free_share_mean",
 )
+# v1 only (after kv_external_frag_share_mean): free blocks that keep their prefix-cache key.
+CACHED_FIELD, CACHED_COLUMN = "kv_cached_share_mean", "cached_slots"
 
 
 def final_length(request: Request, max_model_len: int | None) -> int:
@@ -69,6 +72,11 @@ def region_sizes(result: SimResult, policy: Policy, max_model_len: int | None) -
         for r in result.requests
     ]
     return np.asarray(sizes, dtype=np.int64)
+
+
+# Events that change the blocks a sequence holds: a prefix hit (v1) adds the hit blocks to
+# its table without allocating them; FREE drops its whole table, hit blocks included.
+_HOLD_KINDS = (EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.PREFIX_HIT, EventKind.FREE)
 
 
 def _step_event_index(kind: np.ndarray, num_steps: int) -> np.ndarray:
@@ -91,7 +99,9 @@ class PagedUsageTracker:
         self._held = np.zeros(0, dtype=np.int64)  # blocks held by seq_id
         self._num_known = 0  # seq ids whose T is in _final
         self._usable_total = 0
+        self._refs_total = 0
         self._at_steps: list[np.ndarray] = []
+        self._refs_at_steps: list[np.ndarray] = []
 
     def _grow(self, num_seqs: int) -> None:
         """Learn T of seq ids below ``num_seqs`` (arrays grow by doubling)."""
@@ -108,17 +118,23 @@ class PagedUsageTracker:
     def consume(self, cols: Columns, block_ids: np.ndarray | None = None) -> None:
         """Account one chunk of events (in recording order)."""
         kind = cols["kind"]
-        ev = np.flatnonzero(
-            np.isin(kind, (EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE))
-        )
+        ev = np.flatnonzero(np.isin(kind, _HOLD_KINDS))
         change = np.zeros(len(kind), dtype=np.int64)
+        refs = np.zeros(len(kind), dtype=np.int64)
         if len(ev):
             change[ev] = self._usable_changes(cols, ev)
+            held = cols["num_blocks"][ev].astype(np.int64)
+            refs[ev] = np.where(kind[ev] == EventKind.FREE, -held, held)
         usable = np.cumsum(change)
         usable += self._usable_total
+        refs = np.cumsum(refs)
+        refs += self._refs_total
         if len(usable):
             self._usable_total = int(usable[-1])
-        self._at_steps.append(usable[kind == EventKind.STEP])
+            self._refs_total = int(refs[-1])
+        at_step = kind == EventKind.STEP
+        self._at_steps.append(usable[at_step])
+        self._refs_at_steps.append(refs[at_step])
 
     def _usable_changes(self, cols: Columns, ev: np.ndarray) -> np.ndarray:
         """Per block event ``ev``: the change of U it causes."""
@@ -157,6 +173,15 @@ class PagedUsageTracker:
         if len(self._at_steps) > 1:
             self._at_steps = [np.concatenate(self._at_steps)]
         return self._at_steps[0][:num_steps]
+
+    def refs_at_steps(self, num_steps: int) -> np.ndarray:
+        """Σ over sequences of the blocks each holds (blocks shared by k sequences count k
+        times) at each of the first ``num_steps`` STEP events."""
+        if not self._refs_at_steps:
+            return np.zeros(0, dtype=np.int64)
+        if len(self._refs_at_steps) > 1:
+            self._refs_at_steps = [np.concatenate(self._refs_at_steps)]
+        return self._refs_at_steps[0][:num_steps]
 
 
 def _usable_contiguous(cols: dict[str, np.ndarray], t: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -217,6 +242,9 @@ def add_kv_breakdown(
     allocator: str,
     max_model_len: int | None,
     paged_usage: PagedUsageTracker | None = None,
+    *,
+    v1: bool = False,
+    block_states: BlockStateTracker | None = None,
 ) -> pd.DataFrame:
     """Add ``reserved_slots``, ``internal_frag_slots``, ``external_frag_slots`` and
     ``free_slots`` to ``steps`` (in place; also returned). With ``filled_slots`` they sum to
@@ -224,6 +252,12 @@ def add_kv_breakdown(
 
     ``paged_usage``: a tracker that consumed every chunk of the run as it was recorded (the
     recorder then need not keep block events); without it, paged runs replay the kept events.
+
+    ``v1`` (the v1 scheduler's pool, where a prefix hit shares blocks): a block held by
+    several sequences counts once, so ``filled_slots`` becomes the slots of distinct held
+    blocks holding K/V, and ``cached_slots`` is added: free blocks that keep their
+    prefix-cache key (``block_states``, a tracker fed every chunk, or a replay of the kept
+    events), which ``free_slots`` then leaves out.
     """
     n = len(steps)
     total = result.num_blocks * result.block_size
@@ -249,10 +283,27 @@ def add_kv_breakdown(
         raise ValueError(f"KV usage known for {len(usable)} of {n} steps: events were lost")
     allocated = steps["allocated_slots"].to_numpy()
     filled = steps["filled_slots"].to_numpy()
+    cached = np.zeros(n, dtype=np.int64)
+    if v1 and paged_usage is not None:
+        # Each extra reference to a shared block was counted in the U and the filled tokens
+        # of every sequence holding it; a shared block is full (only full blocks are cached).
+        held = result.num_blocks - steps["free_blocks"].to_numpy()
+        extra = (paged_usage.refs_at_steps(n) - held) * result.block_size
+        usable = usable - extra
+        filled = filled - extra
+        steps["filled_slots"] = filled
+        if block_states is None:
+            block_states = BlockStateTracker(result.num_blocks)
+            block_states.consume(*result.recorder.columns())
+        cached_blocks = block_states.cached_blocks_at_steps(n)
+        steps.insert(int(steps.columns.get_loc("free_blocks")) + 1, "cached_blocks", cached_blocks)
+        cached = cached_blocks * result.block_size
     steps["reserved_slots"] = usable - filled
     steps["internal_frag_slots"] = allocated - usable
     steps["external_frag_slots"] = external
-    steps["free_slots"] = total - allocated - external
+    if v1:
+        steps["cached_slots"] = cached
+    steps["free_slots"] = total - allocated - external - cached
     return steps
 
 
@@ -260,11 +311,15 @@ def breakdown_means(
     steps: pd.DataFrame, total_slots: int, weights: np.ndarray | None = None
 ) -> dict[str, Any]:
     """Time-averaged shares of all slots (weights: step durations, or ``weights``, e.g. cut
-    at ``--until``); they sum to 1."""
+    at ``--until``); they sum to 1. A v1 run's steps (with ``cached_slots``) add
+    ``kv_cached_share_mean`` before ``kv_free_share_mean``."""
     w = steps["duration_s"].to_numpy() if weights is None else np.asarray(weights)
     busy = float(w.sum())
     out: dict[str, Any] = {}
-    for field, column in zip(SUMMARY_FIELDS, COLUMNS):
+    pairs = list(zip(SUMMARY_FIELDS, COLUMNS))
+    if CACHED_COLUMN in steps:
+        pairs.insert(len(pairs) - 1, (CACHED_FIELD, CACHED_COLUMN))
+    for field, column in pairs:
         if column not in steps or busy <= 0 or total_slots <= 0:
             out[field] = 0.0 if column in steps else None
             continue

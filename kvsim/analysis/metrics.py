@@ -22,6 +22,7 @@ from kvsim.analysis.load import (
     step_time_noise,
     weighted_distribution,
 )
+from kvsim.analysis.prefix_metrics import Admissions, request_columns
 from kvsim.sim.simulation import SimResult
 
 PERCENTILES = (50, 90, 99)
@@ -33,10 +34,11 @@ STATUS_BY_END_KIND = {
 STEP_KIND_NAMES = [str(k) for k in StepKind]
 
 
-def events_frame(result: SimResult) -> pd.DataFrame:
-    """events.parquet: one row per (event, block); events without blocks have block_id -1."""
+def events_frame(result: SimResult, *, block_hashes: bool = False) -> pd.DataFrame:
+    """events.parquet: one row per (event, block); events without blocks have block_id -1.
+    ``block_hashes``: add the ``block_hash`` column (the recorder kept the keys)."""
     cols, block_ids = result.recorder.columns()
-    return exploded_frame(cols, block_ids)
+    return exploded_frame(cols, block_ids, result.recorder.block_hashes() if block_hashes else None)
 
 
 def mark_events(result: SimResult) -> pd.DataFrame:
@@ -53,11 +55,21 @@ def mark_events(result: SimResult) -> pd.DataFrame:
     )
 
 
-def steps_frame(result: SimResult) -> pd.DataFrame:
-    """steps.parquet: one row per executed step."""
+def steps_frame(result: SimResult, *, v1: bool = False) -> pd.DataFrame:
+    """steps.parquet: one row per executed step; a ``v1`` run's steps add
+    ``num_prefill_tokens`` and ``num_decode_tokens`` (its batched tokens, split)."""
     steps = result.recorder.step_columns()
     n = len(result.step_duration_s)
     free = steps["free_blocks"][:n]
+    split: dict[str, np.ndarray] = {}
+    if v1:
+        prefill = np.zeros(n, dtype=np.int64)
+        if result.step_prefill_tokens is not None:
+            prefill = result.step_prefill_tokens[:n]
+        split = {
+            "num_prefill_tokens": prefill,
+            "num_decode_tokens": steps["num_batched_tokens"][:n] - prefill,
+        }
     return pd.DataFrame(
         {
             "step": steps["step"][:n],
@@ -67,6 +79,7 @@ def steps_frame(result: SimResult) -> pd.DataFrame:
             "num_seqs": steps["num_seqs"][:n],
             "num_running": result.step_num_running,
             "num_batched_tokens": steps["num_batched_tokens"][:n],
+            **split,
             "free_blocks": free,
             "allocated_slots": (result.num_blocks - free) * result.block_size,
             "filled_slots": result.step_filled_slots,
@@ -74,8 +87,12 @@ def steps_frame(result: SimResult) -> pd.DataFrame:
     )
 
 
-def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
-    """requests.parquet: one row per submitted request, in submission (seq_id) order."""
+def requests_frame(
+    result: SimResult, steps: pd.DataFrame, admissions: Admissions | None = None
+) -> pd.DataFrame:
+    """requests.parquet: one row per submitted request, in submission (seq_id) order. With a
+    v1 run's ``admissions`` it adds the prefix-cache columns (``request_columns``) and
+    ``prefill_time_s`` (first token - admission: TTFT = queueing_delay_s + prefill_time_s)."""
     cols, _ = result.recorder.columns()
     kind, seq_id, t = cols["kind"], cols["seq_id"], cols["time_s"]
     n = len(result.requests)
@@ -127,7 +144,12 @@ def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
         tpot = np.where(
             finished & (generated > 1), (finish_time - first_token) / (generated - 1), np.nan
         )
-    return pd.DataFrame(
+    v1_columns: dict[str, np.ndarray] = {}
+    v1_latency: dict[str, np.ndarray] = {}
+    if admissions is not None:
+        v1_columns = request_columns(admissions, n)
+        v1_latency = {"prefill_time_s": first_token - admit_time}
+    frame = pd.DataFrame(
         {
             "request_id": [r.request_id for r in result.requests],
             "seq_id": np.arange(n, dtype=np.int64),
@@ -143,12 +165,15 @@ def requests_frame(result: SimResult, steps: pd.DataFrame) -> pd.DataFrame:
             "first_token_time_s": first_token,
             "finish_time_s": finish_time,
             "num_preemptions": preemptions.astype(np.int64),
+            **v1_columns,
             "queueing_delay_s": admit_time - arrival,
+            **v1_latency,
             "ttft_s": ttft,
             "tpot_s": tpot,
             "e2e_latency_s": e2e,
         }
     )
+    return frame
 
 
 def _distribution(values: pd.Series) -> dict[str, float | None]:
@@ -173,10 +198,16 @@ def summarize(
     *,
     closed_loop: bool = False,
     measured: bool = False,
+    prefix_cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """summary.json. Shares are of all KV slots; time averages are weighted by step duration.
     ``closed_loop``: users wait for answers (never saturated); ``measured``: step times are
-    wall time (engine mode), so their noise is estimated."""
+    wall time (engine mode), so their noise is estimated. ``prefix_cache``: a v1 run's
+    prefix-cache fields (``prefix_metrics.prefix_cache_summary``), written after the KV
+    breakdown, with ``prefill_time_s`` after ``ttft_s``; a classic summary has neither."""
+    v1_latency: dict[str, Any] = {}
+    if prefix_cache is not None:
+        v1_latency = {"prefill_time_s": _distribution(requests["prefill_time_s"])}
     total_slots = result.num_blocks * result.block_size
     finished = requests[requests["status"] == "finished"]
     # The run spans from time 0 (the trace's start) to the last thing that happened.
@@ -209,6 +240,7 @@ def summarize(
         "total_output_tokens": int(output_tokens),
         "queueing_delay_s": _distribution(requests["queueing_delay_s"]),
         "ttft_s": _distribution(requests["ttft_s"]),
+        **v1_latency,
         "tpot_s": _distribution(requests["tpot_s"]),
         "itl_s": weighted_distribution(*itl_samples(steps)),
         "e2e_latency_s": _distribution(finished["e2e_latency_s"]),
@@ -216,6 +248,7 @@ def summarize(
         "kv_usage_peak": float(usage.max()) if num_steps else 0.0,
         "internal_fragmentation_mean": _time_weighted_mean(internal, weights),
         **breakdown_means(steps, total_slots, weights),
+        **(prefix_cache or {}),
         "mean_running_seqs": _time_weighted_mean(steps["num_running"].to_numpy(), weights),
         "mean_batch_size": _time_weighted_mean(steps["num_seqs"].to_numpy(), weights),
         "max_batch_size": int(steps["num_seqs"].max()) if num_steps else 0,

@@ -6,8 +6,10 @@ is reconstructed in seconds:
 
 - ``block_intervals``: one row per time a sequence held a block, from its ``ALLOCATE``,
   ``APPEND_BLOCK`` or (v1) ``PREFIX_HIT`` row to the matching ``FREE`` row (the k-th start of
-  a (block, sequence) pair ends at its k-th free, so shared blocks with reference counts work
-  too).
+  a (block, sequence) pair ends at its k-th free, so shared blocks with reference counts
+  work too).
+- ``cached_intervals`` (v1 with prefix caching): when each block was cached, evictable —
+  free, but keeping its prefix-cache key until a hit takes it back or an eviction reuses it.
 - ``occupancy_grid``: those intervals aggregated into a pixel grid (blocks x time bins), each
   cell the share of its block-time in use, and, for pools small enough to give each block a
   row, the owning sequence at each column's centre.
@@ -28,10 +30,8 @@ from kvsim.errors import KvsimError
 
 FREE = -1  # owner of a free block
 SHARED = -2  # owner of a block held by more than one sequence at once
+START_KINDS = ("ALLOCATE", "APPEND_BLOCK", "PREFIX_HIT")  # a v1 prefix hit holds its blocks
 ALLOCATION_KINDS = ("ALLOCATE", "APPEND_BLOCK")
-# Under v1 a prefix hit takes a reference to a cached block, which the sequence's FREE returns
-# (docs/engine.md, "Events and invariants").
-START_KINDS = (*ALLOCATION_KINDS, "PREFIX_HIT")
 END_KINDS = ("FINISH", "ABORT", "REJECT")
 STATES = ("queued", "prefill", "decode", "preempted")
 
@@ -106,7 +106,7 @@ def block_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.Data
             row = orphan.iloc[0]
             raise OccupancyError(
                 f"FREE of block {row['block_id']} by sequence {row['seq_id']} at "
-                f"{row['time_s']} s has no ALLOCATE, APPEND_BLOCK or PREFIX_HIT before it"
+                f"{row['time_s']} s has no ALLOCATE or APPEND_BLOCK before it"
             )
     if end_s is None:
         end_s = float(events["time_s"].max()) if len(events) else 0.0
@@ -134,6 +134,49 @@ def block_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.Data
             f"block {bad['block_id']} is freed by sequence {bad['seq_id']} before it is "
             f"allocated ({bad['end_s']} s < {bad['start_s']} s)"
         )
+    return out.sort_values(["start_s", "block_id"], kind="stable", ignore_index=True)
+
+
+def cached_intervals(
+    events: pd.DataFrame, num_blocks: int, end_s: float | None = None
+) -> pd.DataFrame:
+    """One row per time a block was cached, evictable (v1): block_id, start_s (its last
+    holder freed it, with its key), end_s (a prefix hit took it, the free queue evicted it,
+    or a cache reset; still cached when the events stop: ``end_s``, default the last
+    event). Empty for runs without prefix caching."""
+    from engine import EventKind
+    from kvsim.analysis.block_states import BlockStateTracker
+
+    if end_s is None:
+        end_s = float(events["time_s"].max()) if len(events) else 0.0
+    empty = pd.DataFrame({"block_id": [], "seq_id": [], "start_s": [], "end_s": []})
+    if not len(events) or not events["kind"].isin(["CACHE"]).any():
+        return empty.astype({"block_id": np.int64, "seq_id": np.int64})
+    blocks = events["block_id"].to_numpy(np.int64)
+    kind = (
+        pd.Categorical(events["kind"].astype(str))
+        if events["kind"].dtype != "category"
+        else (events["kind"].array)
+    )
+    codes = np.array([EventKind[str(c)].value for c in kind.categories], dtype=np.int8)
+    cols = {  # each row an event of its one block (or none)
+        "kind": codes[np.asarray(kind.codes)],
+        "time_s": events["time_s"].to_numpy(np.float64),
+        "num_blocks": (blocks >= 0).astype(np.int32),
+    }
+    tracker = BlockStateTracker(num_blocks, keep_transitions=True)
+    tracker.consume(cols, blocks[blocks >= 0])
+    t, b, change = tracker.transitions()
+    order = np.lexsort((np.arange(len(t)), b))
+    t, b, change = t[order], b[order], change[order]
+    starts = np.flatnonzero(change > 0)
+    # each start's end: the block's next transition (a -1), if any
+    has_end = (starts + 1 < len(b)) & (b[np.minimum(starts + 1, len(b) - 1)] == b[starts])
+    end = np.where(has_end, t[np.minimum(starts + 1, len(t) - 1)], end_s)
+    out = pd.DataFrame(
+        {"block_id": b[starts], "seq_id": np.full(len(starts), FREE, dtype=np.int64),
+         "start_s": t[starts], "end_s": end}
+    )  # fmt: skip
     return out.sort_values(["start_s", "block_id"], kind="stable", ignore_index=True)
 
 

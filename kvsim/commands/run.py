@@ -113,7 +113,7 @@ def run_command(
         fail(str(exc))
     except OSError as exc:
         fail(os_error_message(exc))
-    print_summary(result.summary, out_dir, config.allocator)
+    print_summary(result.summary, out_dir, config.allocator, result.resolved.get("warnings") or [])
 
 
 def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool) -> Any:

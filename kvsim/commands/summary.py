@@ -15,6 +15,7 @@ LATENCIES = (
     ("ITL", "itl_s"),
     ("end-to-end", "e2e_latency_s"),
     ("queueing", "queueing_delay_s"),
+    ("prefill", "prefill_time_s"),  # v1 runs: TTFT = queueing + prefill
 )
 
 
@@ -37,7 +38,15 @@ def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str,
         f"{s['num_requests']:,}: {s['num_finished']:,} finished, {s['num_rejected']:,} "
         f"rejected, {s['num_aborted']:,} aborted, {s['num_unfinished']:,} unfinished"
     )
-    return [
+    v1 = "prefix_cache_hits" in s
+    breakdown_name = "KV slots: tokens / reserved / never used / ext. frag / free"
+    breakdown = [s[k] for k in BREAKDOWN_FIELDS]
+    if v1:  # the cached-evictable share sits before free
+        breakdown_name = (
+            "KV slots: tokens / reserved / never used / ext. frag / cached, evictable / free"
+        )
+        breakdown.insert(len(breakdown) - 1, s.get("kv_cached_share_mean", 0.0))
+    rows = [
         ("requests", counts),
         ("KV pool", _pool(s, allocator)),
         ("simulated time", f"{s['sim_duration_s']:,.3f} s"),
@@ -48,17 +57,37 @@ def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str,
                                        f"{s.get('total_output_tokens', 0):,} out"),
         ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
         ("KV allocated, not yet filled (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
-        ("KV slots: tokens / reserved / never used / ext. frag / free",
-         " / ".join(f"{s[k]:.1%}" for k in BREAKDOWN_FIELDS)),
+        (breakdown_name, " / ".join(f"{v:.1%}" for v in breakdown)),
         ("preemptions", f"{s['num_preemptions']:,}"),
         ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
         ("simulator wall time",
          f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
     ]  # fmt: skip
+    if v1:
+        rows.insert(rows.index(("preemptions", f"{s['num_preemptions']:,}")), _hit_rate_row(s))
+    return rows
 
 
-def print_summary(s: dict[str, Any], out_dir: object, allocator: str = "paged") -> None:
-    """Print ``summary.json`` ``s`` of the run written to ``out_dir``."""
+def _hit_rate_row(s: dict[str, Any]) -> tuple[str, str]:
+    """The prefix-cache line of a v1 run: vLLM's hit rate, its tokens, evictions."""
+    rate = s.get("prefix_cache_hit_rate")
+    if rate is None:
+        return ("prefix cache hit rate", "- (prefix caching off)")
+    value = (
+        f"{rate:.1%} ({s['prefix_cache_hits']:,} of {s['prefix_cache_queries']:,} prompt "
+        f"tokens; {s['prefix_cache_evictions']:,} blocks evicted)"
+    )
+    return ("prefix cache hit rate", value)
+
+
+def print_summary(
+    s: dict[str, Any],
+    out_dir: object,
+    allocator: str = "paged",
+    option_warnings: list[str] | tuple[str, ...] = (),
+) -> None:
+    """Print ``summary.json`` ``s`` of the run written to ``out_dir``, then the run's warnings:
+    ``option_warnings`` (what-if settings, from config.json's ``resolved.warnings``) first."""
     table = Table(title="kvsim run", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -69,11 +98,13 @@ def print_summary(s: dict[str, Any], out_dir: object, allocator: str = "paged") 
     for column in ("", "mean", "p50", "p90", "p99"):
         latencies.add_column(column, justify="right" if column else "left")
     for name, key in LATENCIES:
+        if key not in s:
+            continue  # prefill_time_s: v1 runs only
         d = s.get(key) or {}
         latencies.add_row(name, *(_ms(d.get(q)) for q in ("mean", "p50", "p90", "p99")))
     console.print(latencies)
     from kvsim.analysis.load import warnings
 
-    for line in warnings(s):
+    for line in [*option_warnings, *warnings(s)]:
         say("warning: ", plain(line), style="yellow")
     say("run folder: ", out_dir)

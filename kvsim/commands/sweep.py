@@ -36,8 +36,12 @@ def sweep_command(
         ),
     ] = None,
     kv_slots: Annotated[
-        int | None,
-        Opt(help="Hold this many KV slots: num_blocks = slots / block size", metavar="SLOTS"),
+        str | None,
+        Opt(
+            help="KV capacity in tokens, the same bytes at every block size (num_blocks = "
+            "slots / block size); a comma list sweeps it, e.g. 100000,400000",
+            metavar="TOKENS,...",
+        ),
     ] = None,
     config_file: Annotated[
         Path | None,
@@ -88,7 +92,7 @@ def sweep_command(
     ] = False,
 ) -> None:
     """Run one simulation per point of a grid over run options; write sweep.csv and a report."""
-    from kvsim.sweep.spec import AXIS_OPTIONS, make_spec, parse_param, parse_values
+    from kvsim.sweep.spec import AXIS_OPTIONS, KV_SLOTS, make_spec, parse_param, parse_values
 
     given = dict(options or {})
     axis_values = {name: given.pop(name) for name in AXIS_OPTIONS if name in given}
@@ -100,6 +104,8 @@ def sweep_command(
         else:
             base = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
         axes = [(n, parse_values(n, v)) for n, v in axis_values.items() if v]
+        if kv_slots is not None:
+            axes.append((KV_SLOTS, parse_values(KV_SLOTS, kv_slots)))
         axes += [parse_param(p) for p in param or []]
         spec = make_spec(
             base,
@@ -107,7 +113,6 @@ def sweep_command(
             slo_ttft_s=slo_ttft,
             slo_tpot_s=slo_tpot,
             slo_percentile=slo_percentile,
-            kv_slots=kv_slots,
             events=events,
         )
         if dry_run:

@@ -16,7 +16,16 @@ from typing import Any
 import matplotlib.pyplot as plt
 
 from kvsim.analysis.load import warnings
-from kvsim.plots import NEEDS_EVENTS, PICTURES, RunTables, draw, has_events, png_bytes
+from kvsim.plots import (
+    NEEDS_EVENTS,
+    PICTURES,
+    V1_PICTURES,
+    RunTables,
+    draw,
+    has_events,
+    is_v1,
+    png_bytes,
+)
 from kvsim.plots._common import write_output
 
 CAPTIONS = {
@@ -28,6 +37,20 @@ CAPTIONS = {
     "preemption, or those in the window).",
     "latency": "Latency CDFs over the requests where each is defined.",
     "batch": "Sequences per step and tokens computed per step.",
+    "hit-rate": "Prefix-cache hit rate of the requests first admitted in each interval, and "
+    "cumulative (vLLM's prefix_cache_hit_rate: hit tokens / prompt tokens at first admission).",
+    "prompt-tokens": "Prompt tokens per second served from the prefix cache (at admission) and "
+    "computed (prefill chunks, recompute after preemption).",
+}
+# A v1 run's captions where its pictures show more (cached blocks, evictions, mixed steps).
+V1_CAPTIONS = {
+    "occupancy": "Block occupancy: held blocks (by owning request on small pools, black when "
+    "shared by a prefix hit) and cached, evictable ones (free, keeping their prefix-cache key).",
+    "free-blocks": "Free KV blocks after each step, the cached, evictable ones shaded; "
+    "evictions, preemptions and rejections marked.",
+    "kv-breakdown": "KV slots: token states, reservation, internal fragmentation, cached "
+    "evictable blocks, free (a block shared by several requests counts once).",
+    "batch": "Sequences per step (prefill, decode and mixed steps) and tokens computed per step.",
 }
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1a202c; }
@@ -74,7 +97,7 @@ def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] | None = Non
 
 def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """The headline numbers of ``summary.json`` as (name, formatted value) rows."""
-    return [
+    rows = [
         ("requests", _fmt(s["num_requests"])),
         (
             "finished / rejected / aborted / unfinished",
@@ -107,6 +130,26 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("simulator wall time", _fmt(s.get("wall_time_s"), " s")),
     ]
+    if "prefix_cache_hits" in s:  # a v1 run
+        at = [r[0] for r in rows].index("saturated")
+        rate = s.get("prefix_cache_hit_rate")
+        rows[at:at] = [
+            ("KV cached, evictable (mean)", f"{s.get('kv_cached_share_mean', 0.0):.2%}"),
+            (
+                "prefix cache hit rate",
+                "- (prefix caching off)"
+                if rate is None
+                else f"{rate:.1%} ({_fmt(s['prefix_cache_hits'])} of "
+                f"{_fmt(s['prefix_cache_queries'])} prompt tokens)",
+            ),
+            (
+                "prompt tokens cached / computed / recomputed",
+                f"{_fmt(s['prompt_tokens_cached'])} / {_fmt(s['prompt_tokens_computed'])} / "
+                f"{_fmt(s['prompt_tokens_recomputed'])}",
+            ),
+            ("prefix cache evictions (blocks)", _fmt(s["prefix_cache_evictions"])),
+        ]
+    return rows
 
 
 def latency_rows(s: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -115,9 +158,12 @@ def latency_rows(s: dict[str, Any]) -> list[tuple[str, ...]]:
     def ms(value: Any) -> str:
         return "-" if not isinstance(value, (int, float)) else f"{value * 1000:,.1f}"
 
+    distributions = list(DISTRIBUTIONS)
+    if "prefill_time_s" in s:  # a v1 run: TTFT = queueing delay + prefill
+        distributions.insert(2, ("prefill", "prefill_time_s"))
     return [
         (name, *(ms((s.get(key) or {}).get(q)) for q in ("mean", "p50", "p90", "p99")))
-        for name, key in DISTRIBUTIONS
+        for name, key in distributions
     ]
 
 
@@ -146,8 +192,11 @@ def build_report(
     ``pngs`` maps picture names to PNG bytes already drawn (e.g. a run folder's plots/), so
     they are embedded instead of drawn again."""
     figures = []
+    v1 = is_v1(run)
     if names is None:
         names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
+        names = [n for n in names if v1 or n not in V1_PICTURES]
+    captions = {**CAPTIONS, **V1_CAPTIONS} if v1 else CAPTIONS
     for name in names:
         if pngs is not None and name in pngs:
             data = base64.b64encode(pngs[name]).decode("ascii")
@@ -157,7 +206,7 @@ def build_report(
             plt.close(fig)
         figures.append(
             f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(CAPTIONS.get(name, name))}</figcaption></figure>"
+            f"<figcaption>{html.escape(captions.get(name, name))}</figcaption></figure>"
         )
     window = ""
     if t_from is not None or t_to is not None:

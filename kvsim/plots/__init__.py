@@ -6,7 +6,8 @@ aggregated with numpy, so a million-step, 100,000-block run plots as fast as a s
 
 Modules: ``cache_curve`` (offline prefix-cache hit rate against capacity), ``timeseries`` (free
 blocks, KV breakdown, batch size), ``requests`` (latency CDFs, Gantt chart), ``occupancy_map``
-(block x time map), ``pool`` (a small pool slot by slot), ``compare`` (several runs side by
+(block x time map), ``prefix_cache`` (v1: hit rate, cached vs computed prompt tokens),
+``pool`` (a small pool slot by slot), ``compare`` (several runs side by
 side), ``standard`` (the named pictures of a run folder), ``animation`` (the block pool over a
 time window, as a GIF or MP4; imported on its own, since most callers never animate).
 """
@@ -20,15 +21,23 @@ from kvsim.plots.compare import (
     plot_step_times,
     summaries_frame,
 )
-from kvsim.plots.occupancy_map import owner_image, plot_occupancy, plot_occupancy_grid
+from kvsim.plots.occupancy_map import (
+    owner_image,
+    plot_occupancy,
+    plot_occupancy_grid,
+    state_image,
+)
 from kvsim.plots.pool import plot_block_pool, pool_frame
+from kvsim.plots.prefix_cache import plot_prefix_hit_rate, plot_prompt_tokens
 from kvsim.plots.requests import plot_gantt, plot_latency_cdfs, select_requests
 from kvsim.plots.standard import (
     NEEDS_EVENTS,
     PICTURES,
+    V1_PICTURES,
     RunTables,
     draw,
     has_events,
+    is_v1,
     write_pictures,
     write_run_plots,
 )
@@ -44,11 +53,13 @@ __all__ = [
     "MAX_POINTS",
     "NEEDS_EVENTS",
     "PICTURES",
+    "V1_PICTURES",
     "RunTables",
     "breakdown_shares",
     "breakdown_table",
     "draw",
     "has_events",
+    "is_v1",
     "owner_image",
     "plot_batch_size",
     "plot_block_pool",
@@ -61,11 +72,14 @@ __all__ = [
     "plot_metrics_vs",
     "plot_occupancy",
     "plot_occupancy_grid",
+    "plot_prefix_hit_rate",
+    "plot_prompt_tokens",
     "plot_step_times",
     "png_bytes",
     "pool_frame",
     "save_png",
     "select_requests",
+    "state_image",
     "summaries_frame",
     "write_pictures",
     "write_run_plots",

@@ -32,6 +32,9 @@ COLORS = {
     "preempted": "#c53030",
     "reject": "#1a202c",
     "running": "#4a5568",
+    "mixed": "#d53f8c",  # v1 steps running decodes and prefill chunks together
+    "cached": "#68d391",  # v1: free blocks that keep their prefix-cache key
+    "evict": "#d69e2e",
 }
 
 

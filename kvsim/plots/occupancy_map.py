@@ -15,7 +15,14 @@ from matplotlib.colors import LinearSegmentedColormap, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from kvsim.analysis.occupancy import SHARED, OccupancyGrid, block_intervals, occupancy_grid
+from kvsim.analysis.occupancy import (
+    FREE,
+    SHARED,
+    OccupancyGrid,
+    block_intervals,
+    cached_intervals,
+    occupancy_grid,
+)
 from kvsim.plots._common import COLORS, new_axes
 
 STATE_CMAP = LinearSegmentedColormap.from_list(
@@ -42,8 +49,28 @@ def owner_image(grid: OccupancyGrid) -> np.ndarray:
     return np.asarray(image)
 
 
-def plot_occupancy_grid(grid: OccupancyGrid, num_blocks: int, *, by_request: bool) -> Figure:
-    """Draw an ``OccupancyGrid`` (see ``plot_occupancy``)."""
+def _cached_layer(image: np.ndarray, cached: np.ndarray, where: np.ndarray | None) -> np.ndarray:
+    """``image`` with each cell moved toward the cached colour by its cached share (only
+    where ``where``, if given)."""
+    color = np.array(to_rgb(COLORS["cached"]))
+    share = cached[..., None] if where is None else (cached * where)[..., None]
+    return np.asarray(np.clip(image + share * (color - image), 0.0, 1.0))
+
+
+def state_image(grid: OccupancyGrid, cached: np.ndarray) -> np.ndarray:
+    """RGB image of a v1 run's grid: held share in the in-use colour, cached-evictable share
+    (``cached``, a grid of the same shape) in the cached colour, the rest free."""
+    free, used = np.array(to_rgb(COLORS["free"])), np.array(to_rgb(COLORS["filled"]))
+    held = grid.share[..., None]
+    image = free + held * (used - free)
+    return _cached_layer(image, cached, None)
+
+
+def plot_occupancy_grid(
+    grid: OccupancyGrid, num_blocks: int, *, by_request: bool, cached: np.ndarray | None = None
+) -> Figure:
+    """Draw an ``OccupancyGrid`` (see ``plot_occupancy``); ``cached``: a v1 run's grid of
+    cached-evictable shares (``cached_intervals``), drawn in its own colour."""
     fig, ax = new_axes("", "simulated time (s)", "physical block id", size=(10, 5))
     ax.grid(False)
     t_from, t_to = float(grid.time_edges[0]), float(grid.time_edges[-1])
@@ -53,12 +80,28 @@ def plot_occupancy_grid(grid: OccupancyGrid, num_blocks: int, *, by_request: boo
         f"one row per {num_blocks / rows:,.3g} blocks" if rows < num_blocks else "one row per block"
     )
     if by_request:
-        ax.imshow(owner_image(grid), aspect="auto", extent=extent, interpolation="nearest")
+        rgb = owner_image(grid)
         handles = [
             Patch(color=COLORS["free"], label="free"),
             Patch(color=OWNER_PALETTE[0], label="in use (colour: request)"),
         ]
-        fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize="small")
+        if cached is not None:
+            assert grid.owner is not None
+            rgb = _cached_layer(rgb, cached, grid.owner == FREE)
+            handles += [
+                Patch(color=COLORS["cached"], label="cached, evictable"),
+                Patch(color="black", label="shared (prefix hit)"),
+            ]
+        ax.imshow(rgb, aspect="auto", extent=extent, interpolation="nearest")
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
+    elif cached is not None:
+        ax.imshow(state_image(grid, cached), aspect="auto", extent=extent, interpolation="nearest")
+        handles = [
+            Patch(color=COLORS["filled"], label="held (shade: share of the cell)"),
+            Patch(color=COLORS["cached"], label="cached, evictable"),
+            Patch(color=COLORS["free"], label="free"),
+        ]
+        fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize="small")
     else:
         image = ax.imshow(
             grid.share,
@@ -91,7 +134,8 @@ def plot_occupancy(
     """Block occupancy map of a run over [t_from, t_to] (s; default the whole run, ending at
     ``end_s`` or the last event). ``by_request``: colour held blocks by owning request
     (default: when the pool has at most 256 blocks); otherwise by the share of blocks in use
-    per cell. Pass ``intervals`` (``block_intervals``) to reuse a reconstruction."""
+    per cell. Pass ``intervals`` (``block_intervals``) to reuse a reconstruction. A v1 run with
+    prefix caching (``CACHE`` events) also draws its cached, evictable blocks."""
     if intervals is None:
         intervals = block_intervals(events, end_s)
     if end_s is None:
@@ -107,4 +151,9 @@ def plot_occupancy(
             and intervals.loc[live, "seq_id"].nunique() <= AUTO_BY_REQUEST_MAX_REQUESTS
         )
     grid = occupancy_grid(intervals, num_blocks, lo, hi, max_rows=max_rows, cols=cols)
-    return plot_occupancy_grid(grid, num_blocks, by_request=by_request and grid.owner is not None)
+    cached = None
+    if len(events) and (events["kind"] == "CACHE").any():
+        evictable = cached_intervals(events, num_blocks, end_s)
+        cached = occupancy_grid(evictable, num_blocks, lo, hi, max_rows=max_rows, cols=cols).share
+    by_request = by_request and grid.owner is not None
+    return plot_occupancy_grid(grid, num_blocks, by_request=by_request, cached=cached)

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from kvsim.plots._common import save_png, window
 from kvsim.plots.occupancy_map import plot_occupancy
+from kvsim.plots.prefix_cache import plot_prefix_hit_rate, plot_prompt_tokens
 from kvsim.plots.requests import MAX_GANTT_REQUESTS, plot_gantt, plot_latency_cdfs
 from kvsim.plots.timeseries import plot_batch_size, plot_free_blocks, plot_kv_breakdown
 
@@ -25,7 +26,11 @@ PICTURES = {
     "gantt": "gantt.png",
     "latency": "latency_cdfs.png",
     "batch": "batch_size.png",
+    "hit-rate": "prefix_hit_rate.png",
+    "prompt-tokens": "prompt_tokens.png",
 }
+# Pictures of a v1 run only (requests with prefix_hit_tokens); a classic run draws none.
+V1_PICTURES = ("hit-rate", "prompt-tokens")
 # Pictures drawn from the event stream; the others need only the steps and requests tables
 # (a run folder without events.parquet, e.g. a sweep point, still gets those).
 NEEDS_EVENTS = ("occupancy", "gantt")
@@ -47,6 +52,11 @@ def gantt_default_seq_ids(requests: pd.DataFrame, n: int = MAX_GANTT_REQUESTS) -
     preempted = np.flatnonzero(requests["num_preemptions"].to_numpy() > 0)
     start = max(0, int(preempted[0]) - n // 4) if len(preempted) else 0
     return np.asarray(seq_ids[start : start + n])
+
+
+def is_v1(run: RunTables) -> bool:
+    """Whether ``run`` ran under the v1 scheduler (its requests carry prefix-cache columns)."""
+    return "prefix_hit_tokens" in run.requests
 
 
 def has_events(run: RunTables) -> bool:
@@ -94,6 +104,10 @@ def draw(
         return plot_latency_cdfs(window(run.requests, t_from, t_to, "arrival_time_s"))
     if name == "batch":
         return plot_batch_size(run.steps, t_from=t_from, t_to=t_to)
+    if name == "hit-rate":
+        return plot_prefix_hit_rate(run.requests, t_from=t_from, t_to=t_to)
+    if name == "prompt-tokens":
+        return plot_prompt_tokens(run.steps, run.requests, t_from=t_from, t_to=t_to)
     raise KeyError(f"no picture named {name!r}; pictures: {', '.join(PICTURES)}")
 
 
@@ -109,6 +123,8 @@ def write_pictures(
     has none) as PNGs into ``folder``, each written atomically; return their paths."""
     if names is None:
         names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
+        if not is_v1(run):
+            names = [n for n in names if n not in V1_PICTURES]
     return [
         save_png(draw(run, name, t_from=t_from, t_to=t_to), Path(folder) / PICTURES[name])
         for name in names
@@ -132,6 +148,8 @@ def write_run_plots(
     names = ["free-blocks", "kv-breakdown", "batch", "latency"]
     if events["kind"].isin(["ALLOCATE", "ADMIT"]).any():
         names += ["occupancy", "gantt"]
+    if is_v1(tables):
+        names += list(V1_PICTURES)
     paths = write_pictures(tables, folder, names)
     plt.close("all")
     return paths

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from kvsim.plots._common import (
@@ -21,6 +22,7 @@ from kvsim.plots._common import (
 )
 
 MARKS = (("PREEMPT", "v", COLORS["preempted"]), ("REJECT", "x", COLORS["reject"]))
+EVICT_MARK = ("EVICT", "|", COLORS["evict"])
 
 
 def plot_free_blocks(
@@ -33,10 +35,19 @@ def plot_free_blocks(
 ) -> Figure:
     """Free KV blocks at each step (after scheduling it); preemptions and rejections marked
     at the free-block count after them when ``events`` is given; the pool size as a dashed
-    line when ``num_blocks`` is given."""
+    line when ``num_blocks`` is given. A v1 run (steps with ``cached_blocks``) also shades
+    the free blocks that are cached, evictable, and marks its evictions (``EVICT`` events:
+    the free queue reused cached blocks)."""
     fig, ax = new_axes("Free KV blocks over time", "simulated time (s)", "free blocks")
     s = thin(window(steps, t_from, t_to))
     ax.step(s["time_s"], s["free_blocks"], where="post", color=COLORS["filled"], lw=1)
+    if "cached_blocks" in s:
+        ax.fill_between(
+            s["time_s"], s["free_blocks"] - s["cached_blocks"], s["free_blocks"], step="post",
+            color=COLORS["cached"], alpha=0.6, lw=0, label="of which cached, evictable",
+        )  # fmt: skip
+        if events is not None:
+            _mark_evictions(ax, events, t_from, t_to)
     if num_blocks is not None:
         ax.axhline(num_blocks, ls="--", lw=0.8, color="#718096", label=f"pool ({num_blocks:,})")
     if events is not None:
@@ -62,6 +73,22 @@ def plot_free_blocks(
     return fig
 
 
+def _mark_evictions(
+    ax: Axes, events: pd.DataFrame, t_from: float | None, t_to: float | None
+) -> None:
+    """EVICT events (one mark per event, thinned) at the free-block count after them."""
+    evict = events[events["kind"] == "EVICT"]
+    if not len(evict):
+        return
+    blocks = evict.groupby(["time_s", "free_blocks"], sort=False, observed=True).size()
+    marks = thin(window(blocks.reset_index(name="blocks"), t_from, t_to))
+    _, marker, color = EVICT_MARK
+    ax.scatter(
+        marks["time_s"], marks["free_blocks"], marker=marker, color=color, s=14, zorder=3,
+        label=f"eviction ({len(evict):,} blocks)",
+    )  # fmt: skip
+
+
 # Slot classes of kvsim.analysis.kv_breakdown (steps columns, when the run has them), bottom to top.
 BREAKDOWN = (
     ("filled_slots", "token states (filled)", COLORS["filled"]),
@@ -70,14 +97,20 @@ BREAKDOWN = (
     ("external_frag_slots", "external fragmentation", "#e53e3e"),
     ("free_slots", "free", COLORS["free"]),
 )
+# A v1 run's class between external fragmentation and free: free blocks keeping their key.
+CACHED_CLASS = ("cached_slots", "cached, evictable", COLORS["cached"])
 
 
 def breakdown_shares(steps: pd.DataFrame, total_slots: int) -> dict[str, pd.Series]:
     """Share of ``total_slots`` in each slot class per step (label -> series). With the
-    columns of ``kvsim.analysis.kv_breakdown`` every class is drawn; otherwise filled, internal
-    fragmentation (allocated - filled) and free."""
+    columns of ``kvsim.analysis.kv_breakdown`` every class is drawn (a v1 run's
+    ``cached_slots`` too); otherwise filled, internal fragmentation (allocated - filled) and
+    free."""
     if all(column in steps for column, _, _ in BREAKDOWN):
-        return {label: steps[column] / total_slots for column, label, _ in BREAKDOWN}
+        classes = list(BREAKDOWN)
+        if CACHED_CLASS[0] in steps:
+            classes.insert(len(classes) - 1, CACHED_CLASS)
+        return {label: steps[column] / total_slots for column, label, _ in classes}
     filled = steps["filled_slots"] / total_slots
     internal = (steps["allocated_slots"] - steps["filled_slots"]) / total_slots
     return {
@@ -100,7 +133,7 @@ def plot_kv_breakdown(
     fig, ax = new_axes("KV memory breakdown", "simulated time (s)", "share of KV slots")
     s = thin(window(steps, t_from, t_to))
     shares = breakdown_shares(s, total_slots)
-    colors = {label: color for _, label, color in BREAKDOWN}
+    colors = {label: color for _, label, color in (*BREAKDOWN, CACHED_CLASS)}
     ax.stackplot(
         s["time_s"],
         *shares.values(),
@@ -111,7 +144,7 @@ def plot_kv_breakdown(
     if not len(s):
         empty_note(ax)
     ax.set_ylim(0, 1)
-    fig.legend(loc="outside lower center", ncol=len(shares), fontsize="small")
+    fig.legend(loc="outside lower center", ncol=min(len(shares), 5), fontsize="small")
     set_time_limits(ax, t_from, t_to)
     return fig
 
@@ -119,7 +152,8 @@ def plot_kv_breakdown(
 def plot_batch_size(
     steps: pd.DataFrame, *, t_from: float | None = None, t_to: float | None = None
 ) -> Figure:
-    """Top: sequences per step (prefill and decode batches apart) and running sequences.
+    """Top: sequences per step (prefill, decode and, under v1, mixed batches apart) and
+    running sequences.
     Bottom: tokens computed per step (batched tokens)."""
     fig: Figure
     fig, (top, bottom) = plt.subplots(
@@ -127,7 +161,8 @@ def plot_batch_size(
     )
     s = thin(window(steps, t_from, t_to))
     top.plot(s["time_s"], s["num_running"], color=COLORS["running"], lw=0.8, label="running")
-    for kind in ("decode", "prefill"):
+    kinds = ["decode", "prefill"] + (["mixed"] if (s["kind"] == "mixed").any() else [])
+    for kind in kinds:  # v1: mixed steps run decodes and prefill chunks together
         k = s[s["kind"] == kind]
         top.scatter(k["time_s"], k["num_seqs"], s=3, color=COLORS[kind], label=f"{kind} step")
         bottom.scatter(k["time_s"], k["num_batched_tokens"], s=3, color=COLORS[kind])

@@ -27,8 +27,21 @@ if TYPE_CHECKING:
 FIRST_TOKEN_ID = 3
 
 
+# A request with a session_id and no hash_ids reads its prompt off its session's one token
+# stream: the requests of a conversation share their prompts up to the shorter one (each turn
+# resends the conversation so far). As hash ids: one id spanning any prompt.
+SESSION_STREAM_TOKENS = 1 << 40
+
+
+def session_stream_key(session_id: str) -> int:
+    """The session's stream as a hash id (crc32, not hash(): stable across processes)."""
+    return 2 << 40 | zlib.crc32(session_id.encode("utf-8", "surrogatepass"))
+
+
 class PromptTokens:
-    """Deterministic prompt token ids for trace requests on a ``vocab_size`` vocabulary."""
+    """Deterministic prompt token ids for trace requests on a ``vocab_size`` vocabulary:
+    equal ``hash_ids`` give equal tokens; without them, a request with a ``session_id`` takes
+    the first tokens of its session's stream; otherwise the tokens are the request's own."""
 
     def __init__(self, vocab_size: int, seed: int, hash_block_size: int | None) -> None:
         if vocab_size <= FIRST_TOKEN_ID:
@@ -55,6 +68,9 @@ class PromptTokens:
             tokens = np.concatenate(parts)[:n]
             if len(tokens) < n:  # hash_ids cover fewer tokens than the prompt: pad per request
                 tokens = np.concatenate([tokens, self._request_tokens(request, n - len(tokens))])
+        elif request.session_id is not None:
+            # numpy draws element by element: a longer draw extends a shorter one
+            tokens = self._draw(session_stream_key(request.session_id), n)
         else:
             tokens = self._request_tokens(request, n)
         ids: list[int] = tokens.tolist()

@@ -31,10 +31,11 @@ import numpy as np
 import simpy
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
-from engine.events import ChunkCallback, EventKind
+from engine.events import ChunkCallback, EventKind, StepKind
 from engine.fast_decode import FastDecodeScheduler
 from engine.fast_v1 import FastV1Scheduler
 from engine.prefix_keys import PrefixSource
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SequenceStatus
 from kvsim.sim.executor import Executor
 from workloads import Request, closed_loop
@@ -44,6 +45,26 @@ PROGRESS_EVERY_STEPS = 4096
 
 
 FINISHED_REJECTED = SequenceStatus.FINISHED_REJECTED
+DECODE = StepKind.DECODE
+
+
+def prefill_tokens(out: SchedulerOutput) -> int:
+    """Tokens of ``out`` that prefill: all but those of sequences computing only their last
+    token (engine.scheduler_output.step_kind's decodes). A fast v1 step lists its
+    non-decoders in ``exact_seqs``; read it before ``update()``."""
+    if out.kind is StepKind.PREFILL:
+        return out.num_batched_tokens
+    pairs = getattr(out, "exact_seqs", None)
+    if pairs is None:
+        pairs = zip(out.seqs, out.num_new_tokens)
+    return sum(
+        n
+        for seq, n in pairs
+        if not (
+            n == 1
+            and seq.cached_token_count + 1 == seq.num_prompt_tokens + len(seq.generated_token_ids)
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +92,8 @@ class SimResult:
     wall_time_s: float
     # Why each rejected request was rejected (the engine's Sequence.finish_reason), by seq_id.
     reject_reasons: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Tokens of each step that prefill (prompt or recompute chunks); the rest decode.
+    step_prefill_tokens: np.ndarray | None = None
 
 
 @contextlib.contextmanager
@@ -104,6 +127,7 @@ class Simulation:
         prefix_of: Callable[[Request], PrefixSource] | None = None,
         on_events_chunk: ChunkCallback | None = None,
         keep_block_ids: bool = True,
+        keep_block_hashes: bool = False,
         keep_kinds: Iterable[EventKind] | None = None,
         progress_every_steps: int = PROGRESS_EVERY_STEPS,
     ) -> None:
@@ -113,8 +137,9 @@ class Simulation:
         ``prefix_of`` says which prompts share a prefix (prefix caching in cost mode). With
         ``on_events_chunk`` every packed chunk of events goes there (e.g. to a Parquet file).
         The recorder keeps block ids only with ``keep_block_ids`` (else each event's first
-        one), and only the events of ``keep_kinds`` if given (what the chunk consumers have
-        already accounted for need not stay in memory). ``progress`` (of ``run``) is called
+        one), prefix-cache keys of CACHE / EVICT blocks with ``keep_block_hashes``, and only
+        the events of ``keep_kinds`` if given (what the chunk consumers have already
+        accounted for need not stay in memory). ``progress`` (of ``run``) is called
         every ``progress_every_steps`` steps and at the end."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
@@ -126,6 +151,7 @@ class Simulation:
             on_chunk=on_events_chunk,
             keep_block_ids=keep_block_ids,
             keep_kinds=keep_kinds,
+            keep_block_hashes=keep_block_hashes,
         )
         scheduler.event_sink = self.recorder
         scheduler.block_manager.event_sink = self.recorder
@@ -152,6 +178,10 @@ class Simulation:
         self._next_progress = progress_every_steps
         self._decode_step_time: Callable[[int, int, int], float] | None = None
         self._reject_reasons: dict[int, str] = {}
+        # Prefill tokens of the steps that have any, by step index: plain decode steps (the
+        # hot loop) record nothing.
+        self._prefill_at = array("q")
+        self._prefill_tokens = array("q")
 
     @property
     def submitted(self) -> list[Request]:
@@ -263,6 +293,9 @@ class Simulation:
                     yield self._wake
                 continue
             dt, tokens = executor.execute(out, sched)
+            if out.kind is not DECODE:
+                self._prefill_at.append(len(durations))
+                self._prefill_tokens.append(prefill_tokens(out))
             durations.append(dt)
             filled.append(sched.num_cached_tokens + out.num_batched_tokens)
             running.append(sched.num_running)
@@ -352,6 +385,10 @@ class Simulation:
         if sync is not None:
             sync()  # leave every Sequence exact for whoever looks at them next
         self.recorder.flush()
+        prefill = np.zeros(len(self._durations), dtype=np.int64)
+        prefill[np.frombuffer(self._prefill_at, dtype=np.int64)] = np.frombuffer(
+            self._prefill_tokens, dtype=np.int64
+        )
         return SimResult(
             recorder=self.recorder,
             requests=self._submitted,
@@ -363,4 +400,5 @@ class Simulation:
             sim_end_s=float(env.now),
             wall_time_s=wall,
             reject_reasons=self._reject_reasons,
+            step_prefill_tokens=prefill,
         )

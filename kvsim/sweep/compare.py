@@ -8,10 +8,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvsim.sweep.spec import SweepSpec
 from kvsim.sweep.table import Best, best_points, max_rates
+from kvsim.sweep.tradeoff import LATENCY_CRITERION, slo_criterion, tradeoff
 
 
 def value_text(name: str, value: Any) -> str:
@@ -19,6 +21,8 @@ def value_text(name: str, value: Any) -> str:
     failed point in it holds floats), ``2.5``, ``paged``."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "none"
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -128,7 +132,11 @@ def _by_max_rate(group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec) -
             "normalized latency there, "
             f"{pick['normalized_latency_s_per_token']:.4f} s/token)"
         )
-    return f"{_prefix(group)}recommended block size {size}: {why}."
+    at_best = points[points["rate"] == best_rate]
+    # tied on rate: the tie was broken by normalized latency, so it is quoted too
+    criteria = [slo_criterion(spec), *([LATENCY_CRITERION] if len(tied) > 1 else [])]
+    because = tradeoff(at_best, pick, *criteria)
+    return f"{_prefix(group)}recommended block size {size}: {why}.{because}"
 
 
 def _by_latency(group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec) -> str:
@@ -156,7 +164,8 @@ def _by_latency(group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec) ->
     if spec.has_slo:
         among += " meeting the SLO"
     left = f"; {int(sat.sum())} saturated left out" if sat.any() else ""
+    because = tradeoff(points, pick, LATENCY_CRITERION)
     return (
         f"{_prefix(group)}recommended block size {size}: the lowest normalized latency "
-        f"({pick['normalized_latency_s_per_token']:.4f} s/token) of {among}{left}."
+        f"({pick['normalized_latency_s_per_token']:.4f} s/token) of {among}{left}.{because}"
     )

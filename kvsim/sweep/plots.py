@@ -34,6 +34,7 @@ LABELS = {
     "block_size": "block size (tokens)",
     "rate": "request rate (requests/s)",
     "allocator": "allocator",
+    "kv_slots": "KV capacity (tokens)",
 }
 
 
@@ -64,9 +65,18 @@ def _series(table: pd.DataFrame, layout: Layout) -> list[tuple[str, pd.DataFrame
     out = []
     for key, group in ok.groupby(list(layout.series), sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        name = ", ".join(f"{n}={v}" for n, v in zip(layout.series, key))
+        name = ", ".join(f"{n}={_value(v)}" for n, v in zip(layout.series, key))
         out.append((text_label(name, 60), group))
     return out
+
+
+def _value(value: Any) -> str:
+    """A series value as typed: ``true``, ``16`` (not ``16.0``), ``200,000`` tokens."""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, np.integer, np.floating)) and float(value).is_integer():
+        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
+    return str(value)
 
 
 def _x_values(table: pd.DataFrame, layout: Layout) -> tuple[dict[Any, float], bool, list[Any]]:
@@ -219,6 +229,67 @@ def plot_memory(table: pd.DataFrame, layout: Layout) -> Figure:
     return fig
 
 
+def has_prefix_cache(table: pd.DataFrame) -> bool:
+    """Whether any successful point measured prefix-cache queries (a v1 run)."""
+    if "prefix_cache_queries" not in table:
+        return False
+    ok = table[table["status"] == "ok"]
+    return bool(pd.to_numeric(ok["prefix_cache_queries"], errors="coerce").fillna(0).gt(0).any())
+
+
+def plot_prefix_cache(table: pd.DataFrame, layout: Layout) -> Figure:
+    """Prefix-cache hit rate (share of prompt tokens, first admissions), TTFT (p50 solid, p99
+    dashed) and the block-table walk's share of busy time, against the x axis: the block
+    size trade-off, one line per combination of the other options (capacity, caching, ...)."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
+    hit, ttft, walk = axes
+    _lines(hit, table, layout, "prefix_cache_hit_rate")
+    hit.set_title("prefix-cache hit rate")
+    hit.set_ylabel("share of prompt tokens")
+    hit.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    _lines(ttft, table, layout, "ttft_s_p50", labelled=False)
+    _lines(ttft, table, layout, "ttft_s_p99", style="--", labelled=False)
+    ttft.set_title("TTFT: p50 solid, p99 dashed")
+    ttft.set_ylabel("seconds")
+    _lines(walk, table, layout, "block_walk_share", labelled=False)
+    walk.set_title("block-table walk (per-block cost)")
+    walk.set_ylabel("share of busy time")
+    walk.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    fig = _finish(fig, axes)
+    ok = table[table["status"] == "ok"]
+    top = pd.to_numeric(ok["prefix_cache_hit_rate"], errors="coerce").max()
+    hit.set_ylim(0, min(1.0, max(1.15 * float(top), 0.05)) if top == top else 1.0)
+    return fig
+
+
+def plot_hit_rate_vs_curve(
+    curve: pd.DataFrame, bounds: pd.DataFrame, *, series: Sequence[str] = ()
+) -> Figure:
+    """The offline cache curve of one block size (curve.csv's rows: LRU and optimal against
+    capacity) with the simulated hit rates of a sweep's points at their ``kv_slots`` as large
+    markers, one colour per combination of the ``series`` columns (e.g. ``rate``). ``bounds``:
+    :func:`kvsim.sweep.cache_bound.hit_rate_bounds` rows of that block size."""
+    from kvsim.plots import plot_cache_curve
+
+    sizes = sorted(set(bounds["block_size"].astype(int)))
+    title = f"Prefix-cache hit rate: simulated vs the cache curve (block size {sizes[0]})"
+    fig = plot_cache_curve(curve, title=title)
+    ax = fig.axes[0]
+    for i, (name, group) in enumerate(_series(bounds, Layout("kv_slots", tuple(series)))):
+        group = group.sort_values("kv_slots")
+        ax.plot(
+            group["kv_slots"].astype(float),
+            100 * group["prefix_cache_hit_rate"].astype(float),
+            "D",
+            markersize=9,
+            color=f"C{(i + 1) % 10}",
+            markeredgecolor="black",
+            label=f"simulated{' ' + name if name else ''} (pool of kv_slots tokens)",
+        )
+    ax.legend(loc="upper left", fontsize="small")
+    return fig
+
+
 def plot_slo(
     table: pd.DataFrame, layout: Layout, percentile: int, ttft: float | None, tpot: float | None
 ) -> Figure:
@@ -255,6 +326,8 @@ def sweep_figures(
         "memory": plot_memory(table, layout),
         "batch": plot_batch(table, layout),
     }
+    if has_prefix_cache(table):
+        figures["prefix_cache"] = plot_prefix_cache(table, layout)
     if slo is not None and layout.x == "rate":
         figures["slo"] = plot_slo(table, layout, *slo)
     return figures

@@ -18,6 +18,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvsim.sweep.cache_bound import bound_lines
 from kvsim.sweep.compare import (
     Comparison,
     best_by_rate,
@@ -27,6 +28,7 @@ from kvsim.sweep.compare import (
     value_text,
 )
 from kvsim.sweep.plots import sweep_figures
+from kvsim.sweep.spec import KV_SLOTS
 from kvsim.sweep.table import SweepResult, max_rates
 
 CAPTIONS = {
@@ -39,6 +41,10 @@ CAPTIONS = {
     "tokens still to come, internal fragmentation (held, never used), external fragmentation "
     "(free holes too small for the waiting request) and free.",
     "batch": "Batch size per step and preemptions.",
+    "prefix_cache": "The block-size trade-off: prefix-cache hit rate (prompt tokens served "
+    "from cache, first admissions; only full blocks are cached, so it falls as blocks grow), "
+    "TTFT, and the block-table walk's share of busy time (one entry per block in use: it "
+    "grows as blocks shrink).",
     "slo": "Latency at the SLO percentile against the request rate (log scale); dotted: the SLO.",
 }
 # Columns of the points table: (sweep.csv column, heading, format).
@@ -52,12 +58,22 @@ POINT_COLUMNS = (
     ("e2e_latency_s_p50", "e2e p50 s", "{:.2f}"),
     ("e2e_latency_s_p99", "e2e p99 s", "{:.2f}"),
     ("normalized_latency_s_per_token", "norm. s/tok", "{:.4f}"),
+    ("prefix_cache_hit_rate", "prefix hit rate", "{:.1%}"),
+    ("block_walk_share", "block walk", "{:.1%}"),
     ("kv_token_state_share_mean", "token states", "{:.1%}"),
     ("num_preemptions", "preempt.", "{:,.0f}"),
     ("mean_batch_size", "mean batch", "{:.1f}"),
     ("max_batch_size", "max batch", "{:,.0f}"),
     ("num_blocks", "blocks", "{:,.0f}"),
     ("sim_wall_s", "sim wall s", "{:.2f}"),
+)
+
+
+BOUND_INTRO = (
+    "Simulated prefix-cache hit rates beside the offline cache curve of the trace at the same "
+    "block size and capacity (kvsim cache-curve: a cache holding only prefix blocks, one "
+    "request at a time; the simulated pool also holds running requests' blocks, so it sits "
+    "at or below LRU when they crowd it):"
 )
 
 
@@ -95,6 +111,13 @@ def _points_rows(table: pd.DataFrame, axes: tuple[str, ...]) -> tuple[list[str],
 
 def _memory_note(result: SweepResult) -> str:
     base = result.spec.base
+    swept = dict(result.spec.axes).get(KV_SLOTS)
+    if swept is not None:
+        return (
+            f"KV capacity swept: {', '.join(f'{v:,}' for v in swept)} tokens, the same bytes "
+            "at every block size (num_blocks = capacity / block size; kv_cache_gib in "
+            "sweep.csv)."
+        )
     if result.spec.kv_slots is not None:
         return (
             f"KV memory held at {result.spec.kv_slots:,} slots (num_blocks = slots / block size)."
@@ -158,8 +181,13 @@ def write_report(result: SweepResult, folder: Path) -> None:
         (folder / "plots" / f"{name}.png").write_bytes(data)
     best = best_by_rate(result.table, spec)
     command = shlex.join(result.command)
-    (folder / "report.md").write_text(_markdown(result, best, pngs, command), encoding="utf-8")
-    (folder / "report.html").write_text(_html(result, best, pngs, command), encoding="utf-8")
+    bounds = bound_lines(result.table, spec)
+    (folder / "report.md").write_text(
+        _markdown(result, best, pngs, command, bounds), encoding="utf-8"
+    )
+    (folder / "report.html").write_text(
+        _html(result, best, pngs, command, bounds), encoding="utf-8"
+    )
 
 
 def _best_lines(best: list[Comparison]) -> list[tuple[str, str, str]]:
@@ -174,7 +202,11 @@ def _best_lines(best: list[Comparison]) -> list[tuple[str, str, str]]:
 
 
 def _markdown(
-    result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], command: str
+    result: SweepResult,
+    best: list[Comparison],
+    pngs: dict[str, bytes],
+    command: str,
+    bounds: list[str],
 ) -> str:
     out = [f"# kvsim sweep: {result.spec.base.trace}", ""]
     out += [f"- {line}" for line in _facts(result)]
@@ -191,6 +223,9 @@ def _markdown(
     slo = _slo_lines(result)
     if slo:
         out += ["", "## Rate sweep", "", *(f"- {line}" for line in slo)]
+    if bounds:
+        out += ["", "## Prefix cache against the cache curve", "", BOUND_INTRO, ""]
+        out += [f"- {line}" for line in bounds]
     if pngs:
         out += ["", "## Figures", ""]
         for name in pngs:
@@ -223,7 +258,13 @@ tr.failed td{background:#fff5f5}.err{color:#c53030}ul.best li{margin:2px 0}
 """
 
 
-def _html(result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], command: str) -> str:
+def _html(
+    result: SweepResult,
+    best: list[Comparison],
+    pngs: dict[str, bytes],
+    command: str,
+    bounds: list[str],
+) -> str:
     e = html.escape
     title = f"kvsim sweep: {result.spec.base.trace}"
     out = [
@@ -251,6 +292,9 @@ def _html(result: SweepResult, best: list[Comparison], pngs: dict[str, bytes], c
     slo = _slo_lines(result)
     if slo:
         out += ["<h2>Rate sweep</h2><ul>", *(f"<li>{e(x)}</li>" for x in slo), "</ul>"]
+    if bounds:
+        out += ["<h2>Prefix cache against the cache curve</h2>", f"<p>{e(BOUND_INTRO)}</p><ul>"]
+        out += [f"<li>{e(x)}</li>" for x in bounds] + ["</ul>"]
     if pngs:
         out.append("<h2>Figures</h2>")
     for name, data in pngs.items():

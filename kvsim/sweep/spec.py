@@ -1,11 +1,13 @@
 """Sweeps: one run per point of a grid over run options, and the table of their results.
 
 A ``SweepSpec`` is a base RunConfig plus ordered axes (``block_size``, ``allocator``,
-``rate`` or any other RunConfig field); its points are the axes' cartesian product, the first
-axis varying slowest. GPU memory is held fixed across block sizes: with ``num_blocks`` unset
-every point plans its pool from GPU memory (so num_blocks follows the block size); with
-``num_blocks`` set, the total slots ``num_blocks x block_size`` of the base config are held
-and each point gets ``slots // block_size`` blocks. Execution: kvsim/sweep/execute.py; the
+``rate`` or any other RunConfig field, and ``kv_slots``: the KV capacity in tokens); its points
+are the axes' cartesian product, the first axis varying slowest. GPU memory is held fixed
+across block sizes: with ``num_blocks`` unset every point plans its pool from GPU memory (so
+num_blocks follows the block size); with ``num_blocks`` set, the total slots ``num_blocks x
+block_size`` of the base config are held and each point gets ``slots // block_size`` blocks;
+``kv_slots`` (one value or an axis) says the capacity in tokens directly, the same bytes at
+every block size. Execution: kvsim/sweep/execute.py; the
 report: kvsim/sweep/report.py; definitions: docs/sweeps.md.
 """
 
@@ -29,6 +31,9 @@ from kvsim.errors import KvsimError
 AXIS_OPTIONS = tuple(n for n, spec in option_specs().items() if spec.sweep == "axis")
 NOT_SWEEPABLE = tuple(n for n, spec in option_specs().items() if spec.sweep == "no")
 MAX_POINTS = 10_000
+# The one axis that is no RunConfig field: KV capacity in token slots (vLLM's "GPU KV cache
+# size: N tokens"), the same bytes at every block size: num_blocks = kv_slots // block_size.
+KV_SLOTS = "kv_slots"
 
 
 class SweepError(KvsimError):
@@ -58,7 +63,7 @@ class SweepSpec:
         names = [name for name, _ in self.axes]
         if len(set(names)) != len(names):
             raise SweepError(f"an option is swept twice: {names}")
-        fields = {f.name for f in dataclasses.fields(RunConfig)}
+        fields = {f.name for f in dataclasses.fields(RunConfig)} | {KV_SLOTS}
         for name, values in self.axes:
             if name not in fields or name in NOT_SWEEPABLE:
                 raise SweepError(f"cannot sweep {name!r}: not a sweepable run option")
@@ -66,6 +71,9 @@ class SweepSpec:
                 raise SweepError(f"{name}: no values")
             if len(set(map(repr, values))) != len(values):
                 raise SweepError(f"{name}: a value is repeated in {list(values)}")
+            if name == KV_SLOTS:
+                for value in values:
+                    _check_kv_slots(value)
         if self.slo_percentile not in PERCENTILES:
             raise SweepError(
                 f"slo_percentile must be one of {', '.join(map(str, PERCENTILES))}, "
@@ -76,10 +84,12 @@ class SweepSpec:
             if value is not None and not 0 < value < math.inf:
                 raise SweepError(f"{name} must be a finite number > 0, got {value!r}")
         if self.kv_slots is not None:
-            if type(self.kv_slots) is not int or self.kv_slots < 1:
-                raise SweepError(f"kv_slots must be a positive integer, got {self.kv_slots!r}")
-            if self.base.num_blocks is not None or "num_blocks" in names:
-                raise SweepError("give kv_slots or num_blocks, not both")
+            _check_kv_slots(self.kv_slots)
+            if KV_SLOTS in names:
+                raise SweepError("kv_slots is swept: give it as the axis only")
+        holds_slots = self.kv_slots is not None or KV_SLOTS in names
+        if holds_slots and (self.base.num_blocks is not None or "num_blocks" in names):
+            raise SweepError("give kv_slots or num_blocks, not both")
         if self.base.mode != "cost":
             raise SweepError("sweeps run in cost mode (--mode engine is one run at a time)")
         if self.num_points > MAX_POINTS:
@@ -112,9 +122,10 @@ class SweepSpec:
 
     def config_of(self, values: dict[str, Any]) -> RunConfig:
         changes = dict(values)
-        if self.kv_slots is not None:  # hold the total slots (GPU memory) fixed
+        slots = changes.pop(KV_SLOTS, self.kv_slots)
+        if slots is not None:  # hold the total slots (GPU memory) fixed
             block_size = values.get("block_size", self.base.block_size)
-            changes["num_blocks"] = max(1, self.kv_slots // block_size)
+            changes["num_blocks"] = max(1, slots // block_size)
         try:
             return self.base.replace(**changes)
         except (ConfigError, TypeError) as exc:
@@ -131,12 +142,12 @@ class SweepPoint:
     @property
     def label(self) -> str:
         """``block_size=16 allocator=paged`` (``base`` for a sweep without axes)."""
-        return " ".join(f"{k}={v}" for k, v in self.values.items()) or "base"
+        return " ".join(f"{k}={format_value(v)}" for k, v in self.values.items()) or "base"
 
     @property
     def folder(self) -> str:
         """The point's run folder name under ``points/``: index, then the values."""
-        parts = [f"{self.index:03d}"] + [f"{k}={v}" for k, v in self.values.items()]
+        parts = [f"{self.index:03d}"] + [f"{k}={format_value(v)}" for k, v in self.values.items()]
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", "_".join(parts))
 
 
@@ -147,8 +158,27 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(RunConfig)
 
 
+def _check_kv_slots(value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise SweepError(f"kv_slots must be a positive integer (tokens), got {value!r}")
+
+
+def parse_kv_slots(text: str) -> int:
+    """A KV capacity in tokens: ``200000``, ``2e5`` or ``200_000`` (a whole number)."""
+    try:
+        value = float(text.strip().replace("_", ""))
+    except ValueError:
+        raise SweepError(f"kv_slots: {text.strip()!r} is not a number of tokens") from None
+    if not (value >= 1 and value < 2**63 and value.is_integer()):
+        raise SweepError(f"kv_slots must be a whole number of tokens >= 1, got {text.strip()!r}")
+    return int(value)
+
+
 def parse_value(name: str, text: str) -> Any:
-    """``text`` as a value of RunConfig field ``name`` (``none`` for an optional field)."""
+    """``text`` as a value of RunConfig field ``name`` (``none`` for an optional field), or
+    of the ``kv_slots`` axis (tokens)."""
+    if name == KV_SLOTS:
+        return parse_kv_slots(text)
     hints = _field_types()
     if name not in hints or name in NOT_SWEEPABLE:
         known = ", ".join(sorted(n for n in hints if n not in NOT_SWEEPABLE))
@@ -199,6 +229,10 @@ def make_spec(base: RunConfig, axes: list[Axis], **options: Any) -> SweepSpec:
     gives ``num_blocks``, its slots (num_blocks x its block_size, 16 unless set) become
     ``kv_slots``: GPU memory is held, not the block count."""
     fixed = {name: values[0] for name, values in axes if len(values) == 1}
+    if KV_SLOTS in fixed:  # one capacity: held like --kv-slots
+        if options.get("kv_slots") is not None:
+            raise SweepError("kv_slots given twice")
+        options["kv_slots"] = fixed.pop(KV_SLOTS)
     if fixed:
         try:
             base = base.replace(**fixed)
@@ -211,7 +245,12 @@ def make_spec(base: RunConfig, axes: list[Axis], **options: Any) -> SweepSpec:
         # Paging against contiguous baselines is the vLLM paper's comparison, under its
         # scheduler for every point: like with like (the reproduce command says so).
         base = base.replace(scheduler="classic")
-    if base.num_blocks is not None and "block_size" in names and "num_blocks" not in names:
+    if (
+        base.num_blocks is not None
+        and "block_size" in names
+        and "num_blocks" not in names
+        and KV_SLOTS not in names
+    ):
         if options.get("kv_slots") is not None:
             raise SweepError("give --kv-slots or --num-blocks, not both")
         options["kv_slots"] = base.num_blocks * base.block_size
@@ -255,7 +294,10 @@ def command_line(spec: SweepSpec) -> list[str]:
     if spec.kv_slots is not None:
         args += ["--kv-slots", str(spec.kv_slots)]
     for name, values in spec.axes:
-        args += _option(name, values)
+        if name == KV_SLOTS:
+            args += ["--kv-slots", ",".join(str(v) for v in values)]
+        else:
+            args += _option(name, values)
     if spec.slo_ttft_s is not None:
         args += ["--slo-ttft", format_value(spec.slo_ttft_s)]
     if spec.slo_tpot_s is not None:

@@ -16,8 +16,9 @@ import pandas as pd
 
 from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
 from kvsim.analysis.metrics import PERCENTILES
-from kvsim.runner import RunResult
-from kvsim.sweep.spec import SweepPoint, SweepSpec
+from kvsim.costmodel import BatchShape
+from kvsim.runner import RunResult, build_cost_model
+from kvsim.sweep.spec import KV_SLOTS, SweepPoint, SweepSpec
 
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "e2e_latency_s", "queueing_delay_s")
 SUMMARY_COLUMNS = (
@@ -42,12 +43,24 @@ SUMMARY_COLUMNS = (
     "offered_rate_per_s",
     "served_rate_per_s",
 )
+# The prefix cache (docs/metrics.md): tokens; the hit rate over first admissions, as vLLM.
+PREFIX_COLUMNS = (
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefix_cache_hit_rate",
+    "prompt_tokens_cached",
+    "prompt_tokens_recomputed",
+    "prefix_cache_evictions",
+)
+# What a block size costs per block: the block-table walk the cost model charged (seconds, and
+# share of busy time), and the KV memory the pool takes on each GPU.
+BLOCK_COST_COLUMNS = ("block_walk_s", "block_walk_share", "kv_cache_gib")
 # Integer columns: written as integers (no "16.0" where a failed point leaves a gap).
 INT_COLUMNS = (
     "block_size", "num_blocks", "kv_slots", "max_num_seqs", "max_num_batched_tokens",
     "max_model_len", "tp", "concurrency", "seed", "num_requests", "num_finished",
     "num_rejected", "num_aborted", "num_unfinished", "num_preemptions", "num_steps",
-    "max_batch_size",
+    "max_batch_size", *PREFIX_COLUMNS[:2], *PREFIX_COLUMNS[3:],
 )  # fmt: skip
 # Columns that measure the simulator, not the simulated system: they differ between runs.
 WALL_COLUMNS = ("sim_wall_s", "point_wall_s")
@@ -69,11 +82,18 @@ def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict
         allocator=config.allocator,
         block_size=config.block_size,
         num_blocks=result.resolved.get("num_blocks", s["num_blocks"]),
-        kv_slots=s["num_blocks"] * s["block_size"],
+        # a swept capacity stays as asked (the points' series); the pool holds
+        # num_blocks x block_size of it
+        kv_slots=point.values.get(KV_SLOTS, s["num_blocks"] * s["block_size"]),
         rate=config.rate,
     )
     for name in SUMMARY_COLUMNS:
         row[name] = s[name]
+    v1 = config.resolved_scheduler() == "v1"  # classic runs have no prefix cache: empty
+    for name in PREFIX_COLUMNS:
+        value = s[name] if v1 else None
+        row[name] = math.nan if value is None else value
+    row.update(block_costs(result))
     for name in DISTRIBUTIONS:
         for stat, value in s[name].items():
             row[f"{name}_{stat}"] = math.nan if value is None else value
@@ -81,6 +101,34 @@ def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict
     row["sim_wall_s"] = s["wall_time_s"]
     row["point_wall_s"] = point_wall_s
     return row
+
+
+def block_costs(result: RunResult) -> dict[str, float]:
+    """BLOCK_COST_COLUMNS of a run. The block-table walk is priced as the cost model does
+    (kvsim/sim/executor.py): per step, one entry per block in use (``num_blocks -
+    free_blocks`` after scheduling, cached-evictable blocks counted free), one per sequence
+    for a contiguous allocator, nothing under ``--step-time``. Classic prefill steps read
+    only their prefills' tables, so for them this is an upper bound."""
+    config = result.config
+    s = result.summary
+    cost_model = build_cost_model(config)
+    gib = s["num_blocks"] * s["block_size"] * cost_model.shard.kv_bytes_per_token_per_gpu / 2**30
+    steps = result.steps
+    if config.step_time is not None or not len(steps):
+        walk = 0.0
+    else:
+        per_entry = cost_model.breakdown(BatchShape.of(num_blocks_walked=1))["block_walk"]
+        if config.allocator == "paged":
+            entries = s["num_blocks"] - steps["free_blocks"].to_numpy(dtype=np.int64)
+        else:
+            entries = steps["num_seqs"].to_numpy(dtype=np.int64)
+        walk = float(per_entry * entries.sum())
+    busy = float(steps["duration_s"].sum()) if len(steps) else 0.0
+    return {
+        "block_walk_s": walk,
+        "block_walk_share": walk / busy if busy > 0 else math.nan,
+        "kv_cache_gib": gib,
+    }
 
 
 def base_row(point: SweepPoint) -> dict[str, Any]:
@@ -121,7 +169,13 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
         for c in ("allocator", "block_size", "num_blocks", "kv_slots", "rate")
         if c not in spec.axis_names
     ]
-    metrics = [*SUMMARY_COLUMNS, *_stat_columns(), "normalized_latency_s_per_token"]
+    metrics = [
+        *SUMMARY_COLUMNS,
+        *PREFIX_COLUMNS,
+        *BLOCK_COST_COLUMNS,
+        *_stat_columns(),
+        "normalized_latency_s_per_token",
+    ]
     columns = [*fixed, *config, *metrics, *WALL_COLUMNS, "folder"]
     frame = pd.DataFrame(sorted(rows, key=lambda r: r["point"]))
     frame = frame.reindex(columns=columns)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import BlockManager, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from engine.events import EventSink
 from engine.prefix_keys import prefix_from_hash_ids
 
 GOLDEN = Path(__file__).parent / "golden" / "v1"
@@ -57,7 +58,9 @@ def make_sequence(row: dict[str, Any], block_size: int) -> Sequence:
     return Sequence(seq_id, range(num_prompt), params, arrival, priority, prefix=prefix)
 
 
-def replay(name: str, max_diffs: int = 20) -> Replay:
+def replay(name: str, max_diffs: int = 20, event_sink: EventSink | None = None) -> Replay:
+    """Replay golden ``name``; ``event_sink`` (e.g. an EventRecorder) receives the engine's
+    events."""
     config, golden_steps, _ = load_golden(GOLDEN / f"{name}.steps.jsonl.gz")
     options: list[str] = config["driver_options"]
     trace = load_trace(GOLDEN / config["trace"])
@@ -81,6 +84,8 @@ def replay(name: str, max_diffs: int = 20) -> Replay:
         ),
         bm,
     )
+    if event_sink is not None:
+        sched.event_sink = bm.event_sink = event_sink
     base = float(option(options, "--step-base-s", "0.005") or 0)
     per_token = float(option(options, "--step-per-token-s", "1e-5") or 0)
     all_at_once = "--all-at-once" in options

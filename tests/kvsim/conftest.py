@@ -3,7 +3,9 @@ runs of the shipped default trace that several test modules read (computed once 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,3 +87,23 @@ def pressured_config() -> RunConfig:
 def pressured_run(pressured_config: RunConfig) -> RunResult:
     """The shipped default trace on llama-2-7b / a100-80gb with a 240-block pool."""
     return run(pressured_config)
+
+
+V1_GOLDEN_TRACE = Path(__file__).parents[1] / "engine/golden/v1/traces/conversations_hash_ids.jsonl"
+
+
+@pytest.fixture(scope="session")
+def conversation_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """51 conversation turns sharing prefixes through ``hash_ids`` (the v1 golden trace
+    tests/engine/golden/v1/traces/conversations_hash_ids.jsonl, as a kvsim trace: blocks the
+    golden leaves without a hash id get unique ones)."""
+    records = [json.loads(line) for line in V1_GOLDEN_TRACE.read_text().splitlines()]
+    hash_block_size = records[0]["hash_block_size"]
+    header = {"kvsim_trace": 1, "name": "conversations", "hash_block_size": hash_block_size}
+    body = [{k: v for k, v in r.items() if k != "hash_block_size"} for r in records]
+    for i, r in enumerate(body):
+        need = -(-r["prompt_tokens"] // hash_block_size)
+        r["hash_ids"] = (r["hash_ids"] + [10_000 * (i + 1) + k for k in range(need)])[:need]
+    path = tmp_path_factory.mktemp("traces") / "conversations.jsonl"
+    path.write_text("\n".join(json.dumps(o) for o in [header, *body]) + "\n")
+    return path

@@ -10,13 +10,16 @@ from kvsim.sim.engine_mode import PromptTokens, prompt_token_ids
 from workloads import Request, Trace, save_trace
 
 
-def request(rid: str, t: float, prompt: int, output: int, hash_ids=None) -> Request:
+def request(
+    rid: str, t: float, prompt: int, output: int, hash_ids=None, session_id=None
+) -> Request:
     return Request(
         request_id=rid,
         arrival_time_s=t,
         prompt_tokens=prompt,
         output_tokens=output,
         hash_ids=hash_ids,
+        session_id=session_id,
     )
 
 
@@ -43,6 +46,16 @@ def test_requests_sharing_hash_ids_share_prompt_tokens_and_tokens_are_determinis
     assert prompt_token_ids([a, b], 1000, seed=0, hash_block_size=16) == [ta, tb]
     assert PromptTokens(1000, seed=1, hash_block_size=16)(a) != ta
     assert all(3 <= t < 1000 for t in ta + tb)
+
+
+def test_a_sessions_prompts_are_prefixes_of_one_token_stream():
+    tokens = PromptTokens(vocab_size=1000, seed=0, hash_block_size=None)
+    t1 = tokens(request("t1", 0.0, 30, 1, session_id="s"))
+    t2 = tokens(request("t2", 1.0, 80, 1, session_id="s"))
+    other = tokens(request("o", 1.0, 80, 1, session_id="u"))
+    alone = tokens(request("x", 1.0, 80, 1))
+    assert t2[:30] == t1 and len(t2) == 80
+    assert other[:30] != t1 and alone[:30] != t1
 
 
 def test_engine_mode_runs_every_request_to_its_output_length(tiny_trace):

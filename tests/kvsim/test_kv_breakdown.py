@@ -22,8 +22,12 @@ BLOCK_KINDS = {"ALLOCATE": 1, "APPEND_BLOCK": 1, "FREE": -1}
 
 @pytest.fixture(scope="module")
 def pressured_run() -> RunResult:
-    # a small pool: preemptions free blocks mid-run and allocate them again on resume
-    result = run(RunConfig(trace="azure_llm_2023_conv_first_2min", num_blocks=400, until=40.0))
+    # a small pool: preemptions free blocks mid-run and allocate them again on resume (the
+    # classic scheduler: one owner per block; tests/kvsim/test_v1_breakdown.py has v1's)
+    config = RunConfig(
+        trace="azure_llm_2023_conv_first_2min", num_blocks=400, until=40.0, scheduler="classic"
+    )
+    result = run(config)
     assert result.summary["num_preemptions"] > 0
     return result
 

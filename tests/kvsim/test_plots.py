@@ -17,6 +17,7 @@ from kvsim.config import RunConfig
 from kvsim.plots import (
     COLORS,
     PICTURES,
+    V1_PICTURES,
     draw,
     plot_batch_size,
     plot_free_blocks,
@@ -176,8 +177,10 @@ def test_latency_cdfs_with_no_finished_requests() -> None:
 
 
 def test_write_pictures_writes_every_png(pressured_run: RunResult, tmp_path: Path) -> None:
+    # a classic run: every picture but the v1 run's prefix-cache ones
     paths = write_pictures(pressured_run, tmp_path / "plots", t_from=100.0, t_to=130.0)
-    assert sorted(p.name for p in paths) == sorted(PICTURES.values())
+    classic = [f for name, f in PICTURES.items() if name not in V1_PICTURES]
+    assert sorted(p.name for p in paths) == sorted(classic)
     assert all(p.read_bytes().startswith(PNG) for p in paths)
     assert not [p for p in (tmp_path / "plots").iterdir() if p.name.startswith(".")]
 
@@ -193,7 +196,8 @@ def test_write_run_plots_keeps_its_signature(preempting_run: RunResult, tmp_path
     names = {p.name for p in write_run_plots(r.steps, r.requests, r.summary, tmp_path / "a", marks)}
     assert names == {"free_blocks.png", "kv_breakdown.png", "batch_size.png", "latency_cdfs.png"}
     full = write_run_plots(r.steps, r.requests, r.summary, tmp_path / "b", r.events)
-    assert {p.name for p in full} == set(PICTURES.values())
+    v1_only = {PICTURES[name] for name in V1_PICTURES}  # a classic run draws none
+    assert {p.name for p in full} == set(PICTURES.values()) - v1_only
 
 
 def test_pictures_of_a_run_that_streamed_its_events(

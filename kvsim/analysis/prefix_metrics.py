@@ -1,0 +1,151 @@
+"""Prefix-cache metrics of a v1 run: per request (requests.parquet) and for the run
+(summary.json), with vLLM's names and semantics (docs/metrics.md, "Prefix caching").
+
+vLLM counts a lookup when a request is admitted (``KVCacheManager.record_prefix_cache_stats``,
+called by the scheduler at admission so lookups of requests that did not fit are not
+counted): ``queries`` += the request's ``num_tokens`` then, ``hits`` += the tokens its
+cached prefix covers. A request admitted again after a preemption counts in
+``preempted_queries`` / ``preempted_hits`` instead. The engine records every admission
+(ADMIT, RESUME), its hit (PREFIX_HIT, same step, same sequence) and, under v1, each
+preemption's ``num_tokens`` (what a resumed request's lookup covers), so all of it is read
+off the event stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine import EventKind
+from engine.events import Columns
+from kvsim.analysis.block_states import BlockStateTracker
+
+PERCENTILES = (50, 90, 99)
+
+
+def distribution(values: np.ndarray) -> dict[str, float | None]:
+    """``{mean, p50, p90, p99}`` as summary.json writes latencies (None when empty)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    if len(v) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES}}
+
+
+def _rank_within(seq: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... for each sequence's rows, in row order."""
+    order = np.argsort(seq, kind="stable")
+    s = seq[order]
+    n = len(s)
+    new = np.ones(n, dtype=bool)
+    new[1:] = s[1:] != s[:-1]
+    index = np.arange(n)
+    rank_sorted = index - np.maximum.accumulate(np.where(new, index, 0))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = rank_sorted
+    return rank
+
+
+@dataclass(frozen=True, slots=True)
+class Admissions:
+    """Every admission of a v1 run: sequence, whether it resumed a preempted one, the tokens
+    its lookup covered (vLLM's ``num_tokens`` then) and the tokens served from the cache."""
+
+    seq_id: np.ndarray
+    resumed: np.ndarray
+    num_tokens: np.ndarray
+    hit_tokens: np.ndarray
+
+
+def admissions(cols: Columns, prompt_tokens: np.ndarray) -> Admissions:
+    """The admissions in ``cols`` (events with at least ARRIVE..REJECT, PREFIX_HIT kept).
+    A resumed sequence's ``num_tokens`` is its previous PREEMPT's (prompt + generated)."""
+    kind, seq, step = cols["kind"], cols["seq_id"].astype(np.int64), cols["step"]
+    is_admit = (kind == EventKind.ADMIT) | (kind == EventKind.RESUME)
+    a_seq, a_step = seq[is_admit], step[is_admit].astype(np.int64)
+    resumed = kind[is_admit] == EventKind.RESUME
+    num_tokens = prompt_tokens[a_seq].astype(np.int64)
+    if resumed.any():
+        is_pre = kind == EventKind.PREEMPT
+        pre = pd.DataFrame(
+            {"seq": seq[is_pre], "rank": _rank_within(seq[is_pre]),
+             "tokens": cols["num_tokens"][is_pre].astype(np.int64)}
+        )  # fmt: skip
+        res_seq = a_seq[resumed]
+        res = pd.DataFrame({"seq": res_seq, "rank": _rank_within(res_seq)})
+        num_tokens[resumed] = res.merge(pre, on=["seq", "rank"], how="left")["tokens"].to_numpy()
+    hit = np.zeros(len(a_seq), dtype=np.int64)
+    is_hit = kind == EventKind.PREFIX_HIT
+    if is_hit.any():
+        hits = pd.DataFrame(
+            {"seq": seq[is_hit], "step": step[is_hit].astype(np.int64),
+             "hit": cols["num_tokens"][is_hit].astype(np.int64)}
+        )  # fmt: skip
+        adm = pd.DataFrame({"seq": a_seq, "step": a_step})
+        hit = adm.merge(hits, on=["seq", "step"], how="left")["hit"].fillna(0).to_numpy(np.int64)
+    return Admissions(a_seq, resumed, num_tokens, hit)
+
+
+def request_columns(adm: Admissions, num_requests: int) -> dict[str, np.ndarray]:
+    """requests.parquet's v1 columns: ``prefix_hit_tokens`` (served from the cache at the
+    first admission), ``resumed_hit_tokens`` (at admissions after a preemption, summed) and
+    ``prompt_tokens_recomputed`` (computed again after a preemption: the tokens each resumed
+    admission covered less its hits, summed)."""
+    first = ~adm.resumed
+    hit_first = np.zeros(num_requests, dtype=np.int64)
+    hit_first[adm.seq_id[first]] = adm.hit_tokens[first]
+    resumed_hits = np.bincount(
+        adm.seq_id[adm.resumed], weights=adm.hit_tokens[adm.resumed], minlength=num_requests
+    )
+    recomputed = np.bincount(
+        adm.seq_id[adm.resumed],
+        weights=(adm.num_tokens - adm.hit_tokens)[adm.resumed],
+        minlength=num_requests,
+    )
+    return {
+        "prefix_hit_tokens": hit_first,
+        "resumed_hit_tokens": resumed_hits[:num_requests].astype(np.int64),
+        "prompt_tokens_recomputed": recomputed[:num_requests].astype(np.int64),
+    }
+
+
+def prefix_cache_summary(
+    adm: Admissions, block_states: BlockStateTracker | None, *, caching: bool
+) -> dict[str, Any]:
+    """summary.json's prefix-cache fields (docs/metrics.md). Without prefix caching vLLM
+    looks nothing up: queries and hits 0, the hit rate None, no evictions or residency
+    samples (None distributions); recomputation after preemption is still counted."""
+    first = ~adm.resumed
+    queries = int(adm.num_tokens[first].sum()) if caching else 0
+    hits = int(adm.hit_tokens[first].sum())
+    preempted_queries = int(adm.num_tokens[adm.resumed].sum()) if caching else 0
+    preempted_hits = int(adm.hit_tokens[adm.resumed].sum())
+    recomputed = int((adm.num_tokens - adm.hit_tokens)[adm.resumed].sum())
+    residency: tuple[np.ndarray, ...] = (np.zeros(0),) * 3
+    if caching and block_states is not None:
+        residency = block_states.residency_samples()
+    return {
+        "prefix_cache_requests": int(first.sum()) if caching else 0,
+        "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "prefix_cache_hit_rate": hits / queries if queries else None,
+        "prefix_cache_preempted_requests": int(adm.resumed.sum()) if caching else 0,
+        "prefix_cache_preempted_queries": preempted_queries,
+        "prefix_cache_preempted_hits": preempted_hits,
+        "prefix_cache_hits_by_reason": {
+            "new_request": hits,
+            "resumed_after_preemption": preempted_hits,
+        },
+        "prompt_tokens_cached": hits,
+        "prompt_tokens_computed": int(adm.num_tokens[first].sum()) - hits,
+        "prompt_tokens_recomputed": recomputed,
+        "prefix_cache_evictions": block_states.num_evictions
+        if caching and block_states is not None
+        else 0,
+        "kv_block_lifetime_s": distribution(residency[0]),
+        "kv_block_idle_before_evict_s": distribution(residency[1]),
+        "kv_block_reuse_gap_s": distribution(residency[2]),
+    }

@@ -1,0 +1,102 @@
+"""The pictures of a v1 run with prefix caching: cached-evictable blocks on the occupancy map,
+the free-blocks plot and the breakdown, evictions marked, the hit rate and cached prompt
+tokens over time — each checked against the run's own tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from kvsim.analysis.occupancy import cached_intervals
+from kvsim.config import RunConfig
+from kvsim.plots import (
+    PICTURES,
+    breakdown_shares,
+    is_v1,
+    plot_free_blocks,
+    plot_occupancy,
+    plot_prefix_hit_rate,
+    plot_prompt_tokens,
+    write_pictures,
+)
+from kvsim.runner import RunResult, run
+
+
+@pytest.fixture(scope="module")
+def v1_run(conversation_trace: Path) -> RunResult:
+    config = RunConfig(
+        trace=str(conversation_trace), model="llama-3.1-8b", gpu="h100-sxm", num_blocks=40
+    )
+    return run(config)
+
+
+def legend_labels(fig: plt.Figure) -> list[str]:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_cached_intervals_count_the_steps_cached_blocks(v1_run: RunResult) -> None:
+    assert v1_run.events is not None
+    steps = v1_run.steps
+    iv = cached_intervals(v1_run.events, v1_run.summary["num_blocks"])
+    # mid-step nothing happens to blocks: the state is the one after scheduling the step
+    mid = (steps["time_s"] + steps["duration_s"] / 2).to_numpy()
+    start, end = iv["start_s"].to_numpy(), iv["end_s"].to_numpy()
+    covering = ((start[None, :] <= mid[:, None]) & (end[None, :] > mid[:, None])).sum(axis=1)
+    assert (covering == steps["cached_blocks"].to_numpy()).all()
+    assert steps["cached_blocks"].max() > 0
+
+
+def test_the_occupancy_map_tells_cached_blocks_from_held_ones(v1_run: RunResult) -> None:
+    assert v1_run.events is not None
+    for by_request in (False, True):
+        fig = plot_occupancy(v1_run.events, v1_run.summary["num_blocks"], by_request=by_request)
+        assert "cached, evictable" in legend_labels(fig)
+        plt.close(fig)
+
+
+def test_free_blocks_shade_cached_ones_and_mark_evictions(v1_run: RunResult) -> None:
+    fig = plot_free_blocks(v1_run.steps, v1_run.events, num_blocks=40)
+    labels = legend_labels(fig)
+    evictions = v1_run.summary["prefix_cache_evictions"]
+    assert f"eviction ({evictions:,} blocks)" in labels
+    assert "of which cached, evictable" in labels
+    plt.close(fig)
+
+
+def test_the_breakdown_draws_cached_slots(v1_run: RunResult) -> None:
+    shares = breakdown_shares(v1_run.steps, 40 * 16)
+    assert list(shares)[-2:] == ["cached, evictable", "free"]
+    total = sum(shares.values())
+    assert np.allclose(total.to_numpy(), 1.0)
+
+
+def test_the_cumulative_hit_rate_ends_at_the_summarys(v1_run: RunResult) -> None:
+    fig = plot_prefix_hit_rate(v1_run.requests)
+    (line,) = fig.axes[0].get_lines()
+    assert line.get_ydata()[-1] == pytest.approx(v1_run.summary["prefix_cache_hit_rate"])
+    plt.close(fig)
+
+
+def test_cached_and_computed_prompt_tokens_add_up(v1_run: RunResult) -> None:
+    fig = plot_prompt_tokens(v1_run.steps, v1_run.requests, bins=10)
+    share = v1_run.summary["prompt_tokens_cached"] / (
+        v1_run.summary["prompt_tokens_cached"] + v1_run.steps["num_prefill_tokens"].sum()
+    )
+    assert f"({share:.1%} of" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
+def test_a_v1_run_writes_the_prefix_cache_pictures(v1_run: RunResult, tmp_path: Path) -> None:
+    assert is_v1(v1_run)
+    paths = write_pictures(v1_run, tmp_path)
+    assert sorted(p.name for p in paths) == sorted(PICTURES.values())
+
+
+def test_a_classic_run_draws_a_note_instead(toy_sim: object) -> None:
+    result = toy_sim([(0.0, 13, 2)], num_blocks=16, block_size=4)  # type: ignore[operator]
+    fig = plot_prefix_hit_rate(result.requests)
+    assert any("no prefix cache" in t.get_text() for t in fig.axes[0].texts)
+    plt.close(fig)
