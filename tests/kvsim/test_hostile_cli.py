@@ -519,6 +519,7 @@ def test_a_sweep_point_without_events_is_plotted(small_run: Path, tmp_path: Path
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (point / "plots").iterdir()) == [
         "batch_size.png", "free_blocks.png", "kv_breakdown.png", "latency_cdfs.png",
+        "prefix_hit_rate.png", "prompt_tokens.png",  # a v1 run's (the default scheduler)
     ]  # fmt: skip
     assert "skipped occupancy, gantt" in result.stdout
     for args in (["plot", str(point), "--what", "gantt"], ["animate", str(point), "-o", "a.gif"]):
