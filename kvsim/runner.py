@@ -324,7 +324,9 @@ def simulate(
     consumers: list[ChunkCallback] = []
     if usage is not None:
         consumers.append(usage.consume)
-    block_states = BlockStateTracker(num_blocks) if v1 else None
+    block_states = (
+        BlockStateTracker(num_blocks, keep_residency=config.caches_prefixes()) if v1 else None
+    )
     if block_states is not None:
         consumers.append(block_states.consume)
     keyed_chunks: KeyedChunks | None = None

@@ -44,10 +44,15 @@ class BlockStateTracker:
     (see the module docstring). ``consume`` is an ``on_chunk`` callback; the recorder's chunks
     must arrive in order and carry every block id (``on_chunk`` always receives them)."""
 
-    def __init__(self, num_blocks: int, *, keep_transitions: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, *, keep_transitions: bool = False, keep_residency: bool = True
+    ) -> None:
         """With ``keep_transitions`` it also keeps every moment a block became cached,
-        evictable (+1) or stopped being so (-1): ``transitions()``, for the occupancy map."""
+        evictable (+1) or stopped being so (-1): ``transitions()``, for the occupancy map.
+        Without ``keep_residency`` it keeps no pops and hits (``residency_samples`` is then
+        empty): vLLM collects residency only with prefix caching."""
         self.num_blocks = num_blocks
+        self.keep_residency = keep_residency
         self.keep_transitions = keep_transitions
         self._transitions: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._ref = np.zeros(num_blocks, dtype=np.int64)
@@ -112,11 +117,12 @@ class BlockStateTracker:
             return
         self.num_evictions += int((row_kind == EventKind.EVICT).sum())
         is_pop = np.isin(row_kind, _POP_KINDS)
-        access = is_pop | (row_kind == EventKind.PREFIX_HIT)
-        self._times.append(np.repeat(time_s, counts)[keep][access])
-        self._blocks.append(blocks[access].astype(np.int32))
-        self._is_pop.append(is_pop[access])
-        self._segments.append(np.full(int(access.sum()), self._num_resets, dtype=np.int32))
+        if self.keep_residency:
+            access = is_pop | (row_kind == EventKind.PREFIX_HIT)
+            self._times.append(np.repeat(time_s, counts)[keep][access])
+            self._blocks.append(blocks[access].astype(np.int32))
+            self._is_pop.append(is_pop[access])
+            self._segments.append(np.full(int(access.sum()), self._num_resets, dtype=np.int32))
         order = np.argsort(blocks, kind="stable")  # each block's rows together, in order
         b, k = blocks[order], row_kind[order]
         m = len(b)

@@ -109,12 +109,19 @@ def itl_samples(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Inter-token latencies (s) and their weights: for each decode step after the first, the
     time from the end of the previous decode step to its end, once for each sequence in its
     batch (every running sequence decodes in every decode step; prefills in between stall
-    them all)."""
-    decode = steps[steps["kind"].astype(str) == "decode"]
+    them all). A v1 run's steps (with ``num_decode_tokens``) count every step that decodes,
+    mixed ones included, once per decode token."""
+    if "num_decode_tokens" in steps:
+        # v1: mixed steps decode too (beside prefill chunks); each decode token is a gap
+        decode = steps[steps["num_decode_tokens"] > 0]
+        weights = decode["num_decode_tokens"].to_numpy(dtype=float)
+    else:
+        decode = steps[steps["kind"].astype(str) == "decode"]
+        weights = decode["num_seqs"].to_numpy(dtype=float)
     ends = (decode["time_s"] + decode["duration_s"]).to_numpy(dtype=float)
     if len(ends) < 2:
         return np.empty(0), np.empty(0)
-    return np.diff(ends), decode["num_seqs"].to_numpy(dtype=float)[1:]
+    return np.diff(ends), weights[1:]
 
 
 def weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:

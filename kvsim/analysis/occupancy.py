@@ -164,7 +164,7 @@ def cached_intervals(
         "time_s": events["time_s"].to_numpy(np.float64),
         "num_blocks": (blocks >= 0).astype(np.int32),
     }
-    tracker = BlockStateTracker(num_blocks, keep_transitions=True)
+    tracker = BlockStateTracker(num_blocks, keep_transitions=True, keep_residency=False)
     tracker.consume(cols, blocks[blocks >= 0])
     t, b, change = tracker.transitions()
     order = np.lexsort((np.arange(len(t)), b))

@@ -9,6 +9,7 @@ exceptions into one red line and exit code 2.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +21,20 @@ from kvsim.errors import KvsimError
 RunDir = Annotated[
     Path, typer.Argument(metavar="RUN_DIR", help="A run folder written by kvsim run.")
 ]
+ForceOption = Annotated[bool, typer.Option("--force", help="Replace the --out file if it exists.")]
+
+
+def _check_out(out: Path | None, force: bool) -> None:
+    """A file the user names is never replaced without --force (the run folder's own
+    report.html / run.perfetto.json, the defaults, are kvsim's to rewrite)."""
+    if out is None:
+        return
+    if os.path.isdir(out):
+        fail(f"{out}: is a folder; name a file")
+    if os.path.lexists(out) and not force:
+        fail(f"{out}: exists; pass --force to replace it")
+
+
 FromOption = Annotated[
     float | None,
     typer.Option(
@@ -150,10 +165,12 @@ def animate_command(
             "state (default: by request up to 1,024 blocks).",
         ),
     ] = None,
+    force: ForceOption = False,
 ) -> None:
     """Animate the block pool over a time window."""
     from kvsim.plots.animation import animate_occupancy
 
+    _check_out(out, force)
     run = _read(run_dir, t_from, t_to)
     _needs_events(run, "kvsim animate")
     try:
@@ -185,10 +202,12 @@ def report_command(
     ] = None,
     t_from: FromOption = None,
     t_to: ToOption = None,
+    force: ForceOption = False,
 ) -> None:
     """Write a self-contained report.html: summary, options and every picture."""
     from kvsim.outputs.report import write_report
 
+    _check_out(out, force)
     run = _read(run_dir, t_from, t_to)
     path = out or run_dir / "report.html"
     title = f"kvsim run: {run.path.name} ({run.config.trace})"
@@ -224,10 +243,12 @@ def export_trace_command(
             show_default="all",
         ),
     ] = None,
+    force: ForceOption = False,
 ) -> None:
     """Export a Chrome trace-event JSON timeline for ui.perfetto.dev or chrome://tracing."""
     from kvsim.outputs.perfetto import build_trace, validate_trace, write_trace
 
+    _check_out(out, force)
     run = _read(run_dir, t_from, t_to)
     _needs_events(run, "kvsim export-trace")
     path = out or run_dir / "run.perfetto.json"

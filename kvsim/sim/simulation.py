@@ -288,7 +288,10 @@ class Simulation:
             if out.is_empty:
                 for seq in sched.update(out, []):
                     self._finish_seq(seq)
-                if not out.rejected:  # nothing can run until something arrives
+                # Nothing can run until something arrives, unless this step rejected or
+                # preempted (a step that preempts skips the waiting pass: the next one must
+                # look at the queue again, as vLLM's engine loop would)
+                if not out.rejected and not out.preempted:
                     self._wake = env.event()
                     yield self._wake
                 continue

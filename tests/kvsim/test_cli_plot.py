@@ -113,3 +113,24 @@ def test_export_trace_defaults_into_the_run_folder(run_dir: Path) -> None:
     result = kvsim("export-trace", run_dir)
     assert result.exit_code == 0, result.output
     validate_trace(json.loads((run_dir / "run.perfetto.json").read_text()))
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "extra"),
+    [("export-trace", "t.json", []), ("report", "r.html", []),
+     ("animate", "a.gif", ["--frames", "2"])],
+)  # fmt: skip
+def test_a_named_output_file_is_replaced_only_with_force(
+    run_dir: Path, tmp_path: Path, command: str, name: str, extra: list[str]
+) -> None:
+    out = tmp_path / name
+    out.write_text("mine")
+    refused = kvsim(command, run_dir, "-o", out, *extra)
+    assert_one_error_line(refused, "--force")
+    assert out.read_text() == "mine"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert_one_error_line(kvsim(command, run_dir, "-o", folder, *extra), "folder")
+    replaced = kvsim(command, run_dir, "-o", out, *extra, "--force")
+    assert replaced.exit_code == 0, replaced.output
+    assert out.read_bytes() != b"mine"

@@ -517,9 +517,9 @@ def test_a_sweep_point_without_events_is_plotted(small_run: Path, tmp_path: Path
     (point / "events.parquet").unlink()
     result = CliRunner().invoke(app, ["plot", str(point)])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (point / "plots").iterdir()) == [
+    assert sorted(p.name for p in (point / "plots").iterdir()) == [  # a v1 run's pictures
         "batch_size.png", "free_blocks.png", "kv_breakdown.png", "latency_cdfs.png",
-        "prefix_hit_rate.png", "prompt_tokens.png",  # a v1 run's (the default scheduler)
+        "prefix_hit_rate.png", "prompt_tokens.png",
     ]  # fmt: skip
     assert "skipped occupancy, gantt" in result.stdout
     for args in (["plot", str(point), "--what", "gantt"], ["animate", str(point), "-o", "a.gif"]):

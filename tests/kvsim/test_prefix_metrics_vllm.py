@@ -10,6 +10,7 @@ driver) ends with the driver's summary: ``vllm_prefix_cache_queries`` / ``_hits`
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import pytest
 
 from engine import EventRecorder
 from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
+from kvsim.config import RunConfig
+from kvsim.runner import run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from v1_replay import GOLDEN, load_golden, load_trace, replay
@@ -53,3 +56,30 @@ def test_the_goldens_resume_with_hits() -> None:
     summaries = [load_golden(GOLDEN / f"{n}.steps.jsonl.gz")[2] for n in NAMES]
     assert any(s["vllm_preempted_hits"] > 0 for s in summaries)
     assert any(s["vllm_prefix_cache_hits"] > 0 for s in summaries)
+
+
+def test_the_simulator_with_the_references_clock_counts_what_vllm_counted(
+    tmp_path: Path,
+) -> None:
+    """`kvsim run`'s whole path (trace file, cost-mode prefix keys from hash_ids, simulator,
+    streamed metrics) on the Mooncake golden with the reference's linear clock and pool."""
+    config, _, vllm = load_golden(GOLDEN / "mooncake.steps.jsonl.gz")
+    rows = load_trace(GOLDEN / config["trace"])
+    header = {"kvsim_trace": 1, "name": "mooncake_first_120", "hash_block_size": 512}
+    body = [{k: v for k, v in r.items() if k != "hash_block_size"} for r in rows]
+    trace = tmp_path / "mooncake_first_120.jsonl"
+    trace.write_text("\n".join(json.dumps(o) for o in [header, *body]) + "\n")
+    sc, cc = config["scheduler_config"], config["cache_config"]
+    run_config = RunConfig(
+        trace=str(trace), model="llama-3.1-8b", gpu="h100-sxm",
+        num_blocks=cc["num_gpu_blocks"] - 1, block_size=cc["block_size"],
+        max_num_seqs=sc["max_num_seqs"], max_num_batched_tokens=sc["max_num_batched_tokens"],
+        max_model_len=config["max_model_len"], step_time="linear:0.005:1e-5",
+    )  # fmt: skip
+    s = run(run_config).summary
+    assert s["prefix_cache_queries"] == vllm["vllm_prefix_cache_queries"]
+    assert s["prefix_cache_hits"] == vllm["vllm_prefix_cache_hits"]
+    assert s["prefix_cache_hit_rate"] == vllm["vllm_prefix_cache_hit_rate"]
+    assert s["prefix_cache_preempted_queries"] == vllm["vllm_preempted_queries"]
+    assert s["prefix_cache_preempted_hits"] == vllm["vllm_preempted_hits"]
+    assert s["num_preemptions"] == vllm["total_preemptions"]

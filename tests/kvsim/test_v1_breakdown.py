@@ -329,3 +329,21 @@ def test_the_pressured_v1_run_matches_the_replays(pressured_v1_run: RunResult) -
     check_breakdown(pressured_v1_run)
     check_prefix_counts(pressured_v1_run)
     check_residency(pressured_v1_run)
+
+
+def test_itl_counts_the_decodes_of_mixed_steps(pressured_v1_run: RunResult) -> None:
+    from kvsim.analysis.load import itl_samples
+
+    steps = pressured_v1_run.steps
+    assert (steps["kind"] == "mixed").any()
+    decoding = steps[steps["num_decode_tokens"] > 0]
+    gaps, weights = itl_samples(steps)
+    ends = (decoding["time_s"] + decoding["duration_s"]).to_numpy()
+    np.testing.assert_allclose(gaps, np.diff(ends))
+    assert weights.sum() == decoding["num_decode_tokens"].iloc[1:].sum()
+    # a decode token per sequence computing its last token: batched = prefill + decode
+    assert (
+        steps["num_prefill_tokens"] + steps["num_decode_tokens"] == steps["num_batched_tokens"]
+    ).all()
+    assert (steps.loc[steps["kind"] == "decode", "num_prefill_tokens"] == 0).all()
+    assert (steps.loc[steps["kind"] == "prefill", "num_decode_tokens"] == 0).all()

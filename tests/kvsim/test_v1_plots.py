@@ -100,3 +100,13 @@ def test_a_classic_run_draws_a_note_instead(toy_sim: object) -> None:
     fig = plot_prefix_hit_rate(result.requests)
     assert any("no prefix cache" in t.get_text() for t in fig.axes[0].texts)
     plt.close(fig)
+
+
+def test_the_report_of_a_v1_run_shows_its_prefix_cache(v1_run: RunResult) -> None:
+    from kvsim.outputs.report import build_report
+
+    page = build_report(v1_run)
+    s = v1_run.summary
+    assert f"{s['prefix_cache_hit_rate']:.1%} ({s['prefix_cache_hits']:,} of" in page
+    assert page.count("data:image/png") == len(PICTURES)
+    assert "<th>prefill</th>" in page and "cached, evictable" in page

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
+from kvsim import RunConfig, run
 from kvsim.cli import app
 
 
@@ -209,3 +212,36 @@ def test_session_ids_share_the_conversation_so_far_without_hash_ids(tmp_path: Pa
     result = kvsim("run", trace, "--no-enable-prefix-caching", "--no-plots", "--out", off)
     assert result.exit_code == 0, result.output
     assert set(hit_tokens_by_request(off).values()) == {0}
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    num_blocks=st.integers(8, 60),
+    block_size=st.sampled_from([4, 8, 16]),
+    fast_decode=st.booleans(),
+    max_num_batched_tokens=st.sampled_from([64, 512, 8192]),
+)
+def test_a_v1_run_always_ends_every_request(
+    conversation_trace: Path,
+    num_blocks: int,
+    block_size: int,
+    fast_decode: bool,
+    max_num_batched_tokens: int,
+) -> None:
+    """Whatever the pool: every request finishes or is rejected with a reason, never waits
+    forever. (A step whose only running request preempted itself once left the simulator
+    waiting for an arrival that never came; the request, now too long for the pool, must be
+    rejected at the next step.)"""
+    config = RunConfig(
+        trace=str(conversation_trace), model="llama-3.1-8b", gpu="h100-sxm",
+        num_blocks=num_blocks, block_size=block_size, fast_decode=fast_decode,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=4096,
+    )  # fmt: skip
+    result = run(config, keep_events=False)
+    summary = result.summary
+    assert summary["num_unfinished"] == 0
+    assert summary["num_finished"] + summary["num_rejected"] == summary["num_requests"] == 51
+    rejected = result.requests[result.requests["status"] == "rejected"]
+    assert rejected["finish_reason"].str.contains("exceeds KV capacity").all()
