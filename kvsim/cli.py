@@ -18,7 +18,7 @@ import typer
 from rich.text import Text
 from typer.core import TyperGroup
 
-from kvsim.commands import cache_curve, kv_events, plot, run, sweep, traces
+from kvsim.commands import cache_curve, calibrate, kv_events, plot, profile, run, sweep, traces
 from kvsim.commands.console import FlagsWithoutType, err_console, print_error
 from kvsim.errors import Interrupted
 
@@ -107,6 +107,8 @@ sweep.register(app)
 plot.register(app)
 cache_curve.register(app)
 kv_events.register(app)
+calibrate.register(app)
+profile.register(app)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

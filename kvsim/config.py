@@ -44,6 +44,11 @@ SweepUse = Literal["option", "axis", "param", "no"]
 MAX_CONFIG_BYTES = 1 << 24  # a run's config.json is a few KB
 
 
+# Engine mode's pinned torch threads: one thread is the setting other processes disturb least,
+# and whose timings (and calibrated "cpu" coefficients) mean the same on any machine.
+DEFAULT_THREADS = 1
+
+
 class ConfigError(KvsimError):
     """An option or a config.json field is invalid."""
 
@@ -372,10 +377,11 @@ class RunConfig:
         check=one_of("float32", "bfloat16", "float16"),
     )
     threads: int | None = option(
-        None,
-        help="Engine mode: torch CPU threads",
+        DEFAULT_THREADS,
+        help="Engine mode: torch CPU threads, pinned (one inter-op thread); 1 keeps measured step "
+        "times stable on a shared machine, raise it on a dedicated one; null in config.json: "
+        "torch's choice (one per core: runs can differ 300x under contention)",
         unit="THREADS",
-        default_text="torch's choice",
         sweep="no",
         check=at_least(1, maximum=4096),
     )

@@ -42,10 +42,33 @@ def check_tp(model: ModelSpec, tp: object) -> int:
     return tp
 
 
-def shard_model(model: ModelSpec, tp: int = 1) -> ShardedModel:
-    """Split ``model`` over ``tp`` GPUs; raises CostModelError for an incompatible ``tp``."""
-    check_tp(model, tp)
-    kv_heads_per_gpu = max(1, model.num_kv_heads // tp)
+def check_heads_divide(model: ModelSpec, tp: object) -> int:
+    """``tp`` as an int if it divides ``model``'s query heads (the only split a step-time
+    prediction needs); vLLM's KV-head rule is :func:`check_tp`'s."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise CostModelError(f"tp must be an integer >= 1, got {tp!r}")
+    if model.num_heads % tp != 0:
+        raise CostModelError(f"tp={tp} must divide {model.name}'s num_heads ({model.num_heads})")
+    return tp
+
+
+def kv_heads_on_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads one GPU holds: an even split, or one replicated head when tp exceeds them.
+
+    For a tp vLLM refuses (one that neither divides num_kv_heads nor is a multiple of it) this
+    is the busiest GPU's count, ceil(num_kv_heads / tp): what a step waits for."""
+    return -(-model.num_kv_heads // tp)
+
+
+def shard_model(model: ModelSpec, tp: int = 1, *, strict: bool = True) -> ShardedModel:
+    """Split ``model`` over ``tp`` GPUs; raises CostModelError for an incompatible ``tp``.
+
+    ``strict=False`` (the step-time model) only asks that tp divides the query heads."""
+    if strict:
+        check_tp(model, tp)
+    else:
+        check_heads_divide(model, tp)
+    kv_heads_per_gpu = kv_heads_on_gpu(model, tp)
     # K/V projections are sized by the KV heads a GPU holds (replicated when tp > num_kv_heads);
     # everything else is an even split of the whole parameter count.
     kv_proj_per_gpu = model.kv_proj_params * kv_heads_per_gpu // model.num_kv_heads

@@ -46,7 +46,7 @@ class ContiguousCostExecutor(CostModelExecutor):
     """Cost mode for contiguous allocators: one block-table entry per sequence (its region)."""
 
     def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
-        return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_seqs)
+        return self._step_time_of(num_seqs, num_seqs, num_seqs, context_tokens, 0, 0, 0, num_seqs)
 
     def decode_step_timer(self) -> Callable[[int, int, int], float]:
         return self.decode_step_time

@@ -127,10 +127,10 @@ def build_llm(config: RunConfig, limits: SchedulingLimits) -> LLMEngine:
 
     check_device(config.device)
     if config.threads is not None:
-        import torch
+        from kvsim.sim.engine_timing import pin_threads
 
         # Measured step times are only meaningful without oversubscribed cores.
-        torch.set_num_threads(config.threads)
+        pin_threads(config.threads)
     try:
         return LLMEngine(
             config.model,

@@ -1,17 +1,19 @@
 """Executors: how long a scheduled step takes, and which tokens it samples.
 
 The executor is the only thing that differs between cost mode and engine mode. The cost-mode
-executor predicts the step time from the roofline cost model; every count it needs is kept by
-the Scheduler and BlockManager, so it costs O(1) per decode step.
+executor prices each step with the fitted cost model (kvsim/costmodel/model.py): a step in which
+every running sequence decodes in O(1) from the Scheduler's and BlockManager's counters; a
+classic prefill, or a v1 step of decodes and prefill chunks, in one pass over the sequences
+whose context the step changes otherwise (a FastV1 step's ``exact_seqs``: O(chunks)).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from engine import Scheduler, SchedulerOutput, StepKind
-from kvsim.costmodel import CostModel, causal_pairs
+from engine import Scheduler, SchedulerOutput, Sequence, StepKind
+from kvsim.costmodel import BatchShape, CostModel
 
 DECODE = StepKind.DECODE  # a module constant: enum reads through the class are slow
 
@@ -24,6 +26,60 @@ class Executor(Protocol):
         ...
 
 
+def step_shape(
+    out: SchedulerOutput, blocks_walked: int, scheduler: Scheduler | None = None
+) -> BatchShape:
+    """What ``out`` computes (read before ``scheduler.update``), for the cost model.
+
+    A sequence computing one token over a non-empty cache is priced as a decode (its context:
+    the cache plus this token); any other (a classic prefill, or a v1 prefill chunk of n tokens
+    after c already computed, prefix-cache hits included) as a prefill that computes n new
+    tokens and attends to all n + c: n*c + n(n+1)/2 query-key pairs, c cached tokens read.
+    Prefix hits cost nothing to compute; they are part of c. A FastV1Scheduler step
+    (``exact_seqs``) needs its ``scheduler``, whose counters give its lazy decoders' context.
+    """
+    return BatchShape(*_counts(out, blocks_walked, scheduler))
+
+
+def _counts(
+    out: SchedulerOutput, blocks_walked: int, scheduler: Scheduler | None
+) -> tuple[int, int, int, int, int, int, int, int]:
+    """step_shape's eight counts, in BatchShape's field order (no dataclass built).
+
+    A FastV1Output lists only the sequences whose state is exact (``exact_seqs``: those
+    prefilling and those admitted); every other scheduled sequence is a decoder whose
+    ``cached_token_count`` may lag, so they are counted together from the scheduler's
+    ``num_cached_tokens`` (every running sequence is in a fast step): a step costs O(chunks),
+    not O(running), and the plain and fast schedulers price it identically."""
+    exact: list[tuple[Sequence, int]] | None = getattr(out, "exact_seqs", None)
+    scheduled: Iterable[tuple[Sequence, int]]
+    if exact is None:
+        scheduled = zip(out.seqs, out.num_new_tokens)  # no list: this runs every prefill step
+        decodes = context = 0
+    else:
+        if scheduler is None:
+            raise TypeError("a FastV1 step's counts need its scheduler (lazy decoders)")
+        scheduled = exact
+        decodes = len(out.seqs) - len(exact)
+        context = scheduler.num_cached_tokens + out.num_batched_tokens
+        for seq, n in exact:
+            context -= seq.cached_token_count + n
+    causal = cached_pairs = cached = 0
+    for seq, n in scheduled:
+        c = seq.cached_token_count
+        if n == 1 and c:
+            decodes += 1
+            context += c + 1
+        else:
+            causal += n * (n + 1) // 2
+            cached_pairs += n * c
+            cached += c
+    return (
+        len(out.seqs), out.num_batched_tokens, decodes, context, causal, cached_pairs, cached,
+        blocks_walked,
+    )  # fmt: skip
+
+
 class CostModelExecutor:
     """Cost mode: step time from ``cost_model``; sampled tokens are placeholders (0), since
     requests run with ignore_eos and stop at their trace's output length."""
@@ -33,12 +89,13 @@ class CostModelExecutor:
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
+        self._step_time_of = cost_model.step_time_of
         self._zeros: list[int] = []
 
     def decode_step_time(self, num_seqs: int, context_tokens: int, num_blocks: int) -> float:
         """Predicted seconds of a decode step of ``num_seqs`` sequences reading
         ``context_tokens`` tokens of K/V through ``num_blocks`` block-table entries."""
-        return self.cost_model.step_time_of(num_seqs, num_seqs, 0, context_tokens, num_blocks)
+        return self._step_time_of(num_seqs, num_seqs, num_seqs, context_tokens, 0, 0, 0, num_blocks)
 
     def decode_step_timer(self) -> Callable[[int, int, int], float]:
         """``decode_step_time`` as one plain function (the same results), for the simulator's
@@ -46,27 +103,27 @@ class CostModelExecutor:
         return self.cost_model.decode_step_time_fn()
 
     def blocks_walked(self, out: SchedulerOutput, scheduler: Scheduler) -> int:
-        """Block-table entries the step's attention reads (read before ``update``)."""
+        """Block-table entries the step's attention reads (read before ``update``). A decode
+        step or a v1 step reads every used block (a block a running sequence holds), in O(1):
+        a prefix block k sequences share counts once, not k times (on the Mooncake trace's
+        shared prefixes that prices v1 steps about 1% lower; docs/costmodel.md, Limitations)."""
         if out.kind is DECODE or scheduler.is_v1:
-            return scheduler.block_manager.num_used_blocks  # every used block is a runner's
+            return scheduler.block_manager.num_used_blocks
         return sum(len(seq.block_table) for seq in out.seqs)
+
+    def step_shape(self, out: SchedulerOutput, scheduler: Scheduler) -> BatchShape:
+        """The BatchShape this executor prices ``out`` by (read before ``update``)."""
+        return step_shape(out, self.blocks_walked(out, scheduler), scheduler)
 
     def step_time(self, out: SchedulerOutput, scheduler: Scheduler) -> float:
         """Predicted seconds for ``out`` (read before ``scheduler.update``)."""
         n = len(out.seqs)
         blocks = self.blocks_walked(out, scheduler)
         if out.kind is DECODE and n == scheduler.num_running:
-            # Every running sequence decodes: its context is its cache plus this token.
+            # Every running sequence decodes: its context is its cache plus this token, so the
+            # Scheduler's counters give the sums in O(1).
             return self.decode_step_time(n, scheduler.num_cached_tokens + n, blocks)
-        if scheduler.is_v1:
-            pairs, decode_context = v1_attention_counts(out, scheduler)
-            return self.cost_model.step_time_of(
-                n, out.num_batched_tokens, pairs, decode_context, blocks
-            )
-        pairs = 0
-        for seq, new in zip(out.seqs, out.num_new_tokens):
-            pairs += causal_pairs(new, seq.cached_token_count)
-        return self.cost_model.step_time_of(n, out.num_batched_tokens, pairs, 0, blocks)
+        return self._step_time_of(*_counts(out, blocks, scheduler))
 
     def execute(self, out: SchedulerOutput, scheduler: Scheduler) -> tuple[float, list[int]]:
         n = len(out.seqs)
@@ -104,32 +161,3 @@ class LinearStepExecutor:
         if len(self._zeros) < n:
             self._zeros = [0] * n
         return self.base_s + self.per_token_s * out.num_batched_tokens, self._zeros[:n]
-
-
-def v1_attention_counts(out: SchedulerOutput, scheduler: Scheduler) -> tuple[int, int]:
-    """A v1 step's attention work: (query-key pairs of its prefill chunks, context tokens of
-    its decodes). A decode computes a sequence's last token alone (vLLM's notion, and the step
-    kind's); a chunk of n tokens after c computed ones has n*c + n(n+1)/2 pairs (prefix hits
-    are among the c: they cost reads, no compute).
-
-    FastV1Scheduler's steps list only the sequences whose state is exact (``exact_seqs``);
-    the others are decoders, whose total context the scheduler's counters give, so a step
-    costs O(chunks), and the plain and fast schedulers price a step identically."""
-    exact = getattr(out, "exact_seqs", None)
-    if exact is None:
-        exact = list(zip(out.seqs, out.num_new_tokens))
-        lazy_context = 0
-    else:
-        # Every running sequence is scheduled in a fast step: the counters cover them all.
-        lazy_context = scheduler.num_cached_tokens + out.num_batched_tokens
-        for seq, n in exact:
-            lazy_context -= seq.cached_token_count + n
-    pairs = 0
-    decode_context = lazy_context
-    for seq, n in exact:
-        cached = seq.cached_token_count
-        if n == 1 and cached + 1 == seq.num_tokens:
-            decode_context += cached + 1
-        else:
-            pairs += causal_pairs(n, cached)
-    return pairs, decode_context

@@ -117,7 +117,7 @@ def block_costs(result: RunResult) -> dict[str, float]:
     if config.step_time is not None or not len(steps):
         walk = 0.0
     else:
-        per_entry = cost_model.breakdown(BatchShape(0, 0, 0, 0, 1))["block_walk"]
+        per_entry = cost_model.breakdown(BatchShape.of(num_blocks_walked=1))["block_walk"]
         if config.allocator == "paged":
             entries = s["num_blocks"] - steps["free_blocks"].to_numpy(dtype=np.int64)
         else:

@@ -77,3 +77,20 @@ def test_a_run_that_keeps_no_events_measures_the_same(tmp_path):
 
     folder = write_run(lean, tmp_path / "run", plots=False)
     assert not (folder / "events.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # shared prefixes (hash ids, prefix caching on): lazy decoders beside chunks
+        {"long_prefill_token_threshold": 64, "num_blocks": 800},  # many chunks, preemptions
+    ],
+)
+def test_fast_v1_prices_mixed_prefix_steps_as_the_plain_scheduler(options):
+    # FastV1's steps list only their exact sequences; the executor counts the lazy decoders
+    # from the scheduler's counters, and every step's time must equal the plain pricing.
+    config = RunConfig(trace="mooncake_fast25_conversation_first_1000", until=200.0, **options)
+    a, b = both(config)
+    assert (a.steps["kind"] == "mixed").sum() > 100
+    assert a.summary["num_preemptions"] > 0 or not options
+    assert_identical(a, b)

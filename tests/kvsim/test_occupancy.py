@@ -107,6 +107,42 @@ def test_blocks_held_match_the_free_counts(pressured_config: RunConfig, allocato
     assert len(times) > 20 and max(held) > 0
 
 
+def test_a_prefix_hit_holds_its_block_until_the_free() -> None:
+    # v1: seq 1 hits seq 0's cached block 0 (one more reference) and frees it with its table.
+    events = events_of(
+        [
+            (1.0, 1, "ALLOCATE", 0, 0),
+            (2.0, 2, "PREFIX_HIT", 1, 0),
+            (2.0, 2, "ALLOCATE", 1, 5),
+            (3.0, 3, "FREE", 0, 0),
+            (4.0, 4, "FREE", 1, 0),
+            (4.0, 4, "FREE", 1, 5),
+        ]
+    )
+    rows = set(block_intervals(events)[["block_id", "seq_id", "start_s", "end_s"]].itertuples(
+        index=False, name=None
+    ))  # fmt: skip
+    assert rows == {(0, 0, 1.0, 3.0), (0, 1, 2.0, 4.0), (5, 1, 2.0, 4.0)}
+
+
+@pytest.mark.parametrize(
+    "trace", ["azure_llm_2023_conv_first_2min", "mooncake_fast25_conversation_first_1000"]
+)
+def test_v1_blocks_held_match_the_free_counts(trace: str) -> None:
+    # Prefix caching on: a resumed or sharing sequence holds blocks through PREFIX_HIT.
+    result = run(RunConfig(trace=trace, scheduler="v1", num_blocks=800, until=120.0))
+    assert result.summary["num_preemptions"] > 0
+    assert (result.events["kind"] == "PREFIX_HIT").any()
+    num_blocks = result.summary["num_blocks"]
+    intervals = block_intervals(result.events, result.summary["sim_duration_s"])
+    times = result.steps["time_s"].to_numpy()[::97]
+    last = np.searchsorted(result.events["time_s"].to_numpy(), times, side="right") - 1
+    expected = num_blocks - result.events["free_blocks"].to_numpy()[last]
+    held = [int((owners_at(intervals, t, num_blocks) != FREE).sum()) for t in times]
+    assert held == expected.tolist()
+    assert len(times) > 20 and max(held) > 0
+
+
 def test_owners_at_an_instant() -> None:
     iv = block_intervals(HAND_EVENTS, end_s=6.0)
     assert owners_at(iv, 0.5, 4).tolist() == [FREE] * 4

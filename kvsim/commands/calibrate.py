@@ -1,0 +1,225 @@
+"""Calibration commands: ``kvsim calibrate`` (fit a GPU's step-time coefficients from measured
+profiles) and ``kvsim validate`` (their error against profiles: tables, CSVs, plots).
+
+Each hands off to kvsim.costmodel.calibrate / validate and kvsim.outputs.validation; only this
+edge turns their exceptions into one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from kvsim.commands.console import console, fail, say
+from kvsim.errors import KvsimError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.costmodel import GPUSpec, StepCoefficients
+    from kvsim.costmodel.profiles import ProfileSet
+
+Opt = typer.Option
+ProfileDir = Annotated[
+    Path, typer.Argument(help="Profile folder: compute/, attention/, network/, steps/ CSVs.")
+]
+DeviceOption = Annotated[
+    str | None,
+    Opt(help="Profile file prefix of the GPU's rows (default: a100 / h100 / cpu, or the only one)"),
+]
+ForceOption = Annotated[bool, Opt("--force", help="Replace an existing output")]
+
+
+def _may_replace(path: Path, force: bool) -> None:
+    """A coefficient file may be written where none is, or over one kvsim wrote (a
+    kvsim-step-coefficients file) with --force; never over anything else."""
+    from kvsim.costmodel.coefficients import FORMAT
+
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_file():
+        fail(f"{path}: exists and is not a file; kvsim will not replace it")
+    try:
+        data = json.loads(path.read_bytes()[: 1 << 22])
+    except (OSError, ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        fail(f"{path}: exists and is not a kvsim coefficient file; choose another -o")
+    if not force:
+        fail(f"{path}: holds earlier coefficients; --force replaces it")
+
+
+def print_tables(tables: list[tuple[str, pd.DataFrame]]) -> None:
+    """Each table as a rich table under its title (MAPE and worst error in %)."""
+    for title, frame in tables:
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for column in frame.columns:
+            table.add_column(
+                str(column), justify="left" if frame[column].dtype == object else "right"
+            )
+        for row in frame.itertuples(index=False):
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
+
+
+def calibrate_command(
+    profile_dir: ProfileDir,
+    gpu: Annotated[
+        str | None, Opt(help="GPU preset or GPU spec JSON file (engine profiles: device.json)")
+    ] = None,
+    out: Annotated[Path | None, Opt("-o", "--out", help="Coefficient file to write")] = None,
+    device: DeviceOption = None,
+    system: Annotated[
+        str | None, Opt(help="All-reduce system of network/ (default: the GPU's DGX system)")
+    ] = None,
+    base: Annotated[
+        Path | None,
+        Opt(
+            help="Coefficients for the parts the folder has no profiles of (default: the preset's)"
+        ),
+    ] = None,
+    num_sms: Annotated[
+        int | None, Opt(help="Streaming multiprocessors (default: datasheet or profile.json)")
+    ] = None,
+    presets: Annotated[
+        bool,
+        Opt("--presets", help="Refit all shipped presets from the Vidur profiles into folder -o"),
+    ] = False,
+    noisy_ok: Annotated[
+        bool, Opt("--noisy-ok", help="Fit an engine profile its measurement called noisy")
+    ] = False,
+    force: ForceOption = False,
+) -> None:
+    """Fit one GPU's step-time coefficients from measured profiles.
+
+    Least squares on relative error; prints the fit error per operator and per model."""
+    from kvsim.costmodel import (
+        load_coefficients,
+        preset_coefficient_names,
+        resolve_gpu,
+        save_coefficients,
+    )
+    from kvsim.costmodel import preset_coefficients as preset
+    from kvsim.costmodel.calibrate import fit_gpu, fit_presets, noise_refusal
+    from kvsim.costmodel.profiles import load_profile_dir
+    from kvsim.costmodel.validate import error_tables, validate_gpu
+
+    if out is None:
+        fail("pass -o FILE (or -o FOLDER with --presets)")
+    try:
+        profiles = load_profile_dir(profile_dir)
+        if presets:
+            fitted = fit_presets(profiles)
+            if out.exists() and not out.is_dir():
+                fail(f"{out}: is not a folder (--presets writes one file per preset into it)")
+            for name in fitted:
+                _may_replace(out / f"{name}.json", force)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, co in fitted.items():
+                save_coefficients(co, out / f"{name}.json")
+                say(f"wrote {out / f'{name}.json'}")
+            return
+        if gpu is None:
+            fail("pass --gpu GPU (a preset, or a GPU spec file: an engine profile's device.json)")
+        spec = resolve_gpu(gpu)
+        reason = noise_refusal(profiles.meta)
+        if reason and not noisy_ok:
+            fail(
+                f"{profile_dir}: {reason}; measure again on a quieter machine (or pass --noisy-ok)"
+            )
+        _may_replace(out, force)
+        start = (
+            load_coefficients(base)
+            if base
+            else (preset(spec.name) if spec.name in preset_coefficient_names() else None)
+        )
+        co = fit_gpu(profiles, spec, device=device, system=system, num_sms=num_sms, base=start)
+        validation = validate_gpu(profiles, spec, co, _device_of(profiles, spec, device))
+        save_coefficients(co, out)
+    except (KvsimError, OSError) as exc:
+        fail(str(exc))
+    wanted = (
+        "Per operator",
+        "by GPU and model",
+        "Attention",
+        "All-reduce by worker",
+        "Whole steps",
+    )
+    print_tables([t for t in error_tables([validation]) if any(w in t[0] for w in wanted)])
+    say(f"wrote {out}")
+
+
+def _device_of(profiles: ProfileSet, gpu: GPUSpec, device: str | None) -> str:
+    from kvsim.costmodel.calibrate import profile_device
+
+    return profile_device(profiles, gpu, device)
+
+
+def validate_command(
+    profile_dir: ProfileDir,
+    gpu: Annotated[
+        list[str] | None, Opt(help="GPU preset or spec file; repeat for several")
+    ] = None,
+    coefficients: Annotated[
+        Path | None, Opt(help="Coefficient file (default: the GPU preset's shipped file)")
+    ] = None,
+    device: DeviceOption = None,
+    lomo: Annotated[
+        bool, Opt("--lomo", help="Also leave each model out of the fit and validate on it")
+    ] = False,
+    out: Annotated[
+        Path | None, Opt("-o", "--out", show_default="validation/<gpus>-<timestamp>")
+    ] = None,
+    force: ForceOption = False,
+) -> None:
+    """Check step-time coefficients against measured profiles.
+
+    MAPE and worst error per operator, model, TP and token range (--lomo: each model left out
+    of the fit); errors_*.csv, tables.md and predicted-vs-measured plots/ in the folder."""
+    from kvsim.atomic import check_target
+    from kvsim.costmodel import load_coefficients, preset_coefficients, resolve_gpu
+    from kvsim.costmodel.profiles import load_profile_dir
+    from kvsim.costmodel.validate import error_tables, validate_gpu
+    from kvsim.outputs.validation import VALIDATION_FOLDER, write_validation
+
+    names = gpu or []
+    if not names:
+        fail("pass --gpu GPU (repeat it for several)")
+    if coefficients is not None and len(names) != 1:
+        fail("--coefficients is one GPU's file: pass exactly one --gpu with it")
+    out_dir = (
+        out
+        or Path("validation")
+        / f"{'+'.join(Path(n).stem for n in names)}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    )
+    try:
+        check_target(out_dir, VALIDATION_FOLDER, force=force)  # before the work, not after
+        profiles = load_profile_dir(profile_dir)
+        validations: list[Any] = []
+        for name in names:
+            spec = resolve_gpu(name)
+            co: StepCoefficients = (
+                load_coefficients(coefficients) if coefficients else preset_coefficients(spec.name)
+            )
+            where = _device_of(profiles, spec, device)
+            validations.append(validate_gpu(profiles, spec, co, where, lomo=lomo))
+        tables = error_tables(validations)
+        if not tables:
+            fail(f"{profile_dir}: no rows of device(s) {', '.join(v.device for v in validations)}")
+        used = str(coefficients) if coefficients else "shipped presets"
+        what = {"profiles": str(profile_dir), "gpus": names, "lomo": lomo, "coefficients": used}
+        files = write_validation(validations, tables, out_dir, what=what, force=force)
+    except (KvsimError, OSError) as exc:
+        fail(str(exc))
+    print_tables(tables)
+    say(f"wrote {out_dir} ({len(files)} files)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)
+    app.command("validate")(validate_command)
