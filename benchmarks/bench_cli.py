@@ -7,7 +7,9 @@ every command runs once per round):
 - ``kvsim run TRACE --no-plots`` with the v1 defaults (prefix caching on);
 - ``kvsim run TRACE --no-plots --scheduler classic``;
 
-and each one's ratio to the 1.0 s bar. TRACE defaults to azure_llm_2023_conv (shipped).
+wall seconds with each one's ratio to the 1.0 s bar, and CPU seconds (user + system, which
+drift less than wall time when other work shares the cores). TRACE defaults to
+azure_llm_2023_conv (shipped).
 ``--baseline DIR`` adds the same commands run from another checkout (e.g. the main branch, made
 with ``git worktree add`` or ``git archive``) in the same rounds, so a change is measured A/B.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -60,21 +63,23 @@ def environment(tree: Path, cache: Path | None) -> dict[str, str]:
     return env
 
 
-def timed(args: list[str], env: dict[str, str], cwd: Path) -> float:
+def timed(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[float, float]:
+    """Run ``cmd`` to completion, its output discarded: its wall and CPU (user + system)
+    seconds (CPU time drifts less than wall time on a shared machine)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "kvsim", *args],
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         check=False,
-    )
+    )  # fmt: skip
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise SystemExit(f"kvsim {' '.join(args)} failed ({done.returncode}): {done.stderr}")
-    return wall
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu
 
 
 def main() -> None:
@@ -91,6 +96,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-cli-") as tmp:
         root = Path(tmp)
         walls: dict[tuple[str, str], list[float]] = {}
+        cpus: dict[tuple[str, str], list[float]] = {}
         envs = {}
         for tree_name, tree in trees.items():
             cache = None if args.no_bytecode_cache else root / f"pycache-{tree_name}"
@@ -100,18 +106,24 @@ def main() -> None:
             for tree_name, tree in trees.items():
                 out = root / f"runs-{tree_name}"
                 for label, command in commands(args.trace, out).items():
-                    wall = timed(command, envs[tree_name], tree)
+                    cmd = [sys.executable, "-m", "kvsim", *command]
+                    wall, cpu = timed(cmd, envs[tree_name], tree)
                     if args.no_bytecode_cache or round_no > 0:  # round 0 warms the cache
                         walls.setdefault((tree_name, label), []).append(wall)
+                        cpus.setdefault((tree_name, label), []).append(cpu)
                 shutil.rmtree(out, ignore_errors=True)
     cached = "compiled on every start" if args.no_bytecode_cache else "bytecode cached"
-    print(f"kvsim processes, wall seconds, median of {args.repeats} rounds ({cached})")
+    print(f"kvsim processes, wall and CPU seconds, median of {args.repeats} rounds ({cached})")
     width = max(len(label) for _, label in walls)
     for label in dict.fromkeys(label for _, label in walls):
         cells = []
         for tree_name in trees:
             median = statistics.median(walls[(tree_name, label)])
-            cells.append(f"{tree_name} {median:6.2f} s ({median / BAR_S:4.2f}x the {BAR_S} s bar)")
+            cpu = statistics.median(cpus[(tree_name, label)])
+            cells.append(
+                f"{tree_name} wall {median:6.2f} s ({median / BAR_S:5.2f}x the {BAR_S} s bar), "
+                f"CPU {cpu:6.2f} s"
+            )
         print(f"  {label:{width}s}  " + "   ".join(cells))
     if args.baseline is not None:
         for label in dict.fromkeys(label for _, label in walls):

@@ -29,15 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench_cli import timed
 from bench_scheduler import DRIVER, REFERENCE_PYTHON, load_mooncake
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,22 +43,6 @@ TRACES = REPO / "workloads" / "traces"
 NUM_BLOCKS = 200_000  # kvsim's usable blocks; the reference gets one more (its null block)
 POOL = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-model-len", "200000"]
 TARGET = 5.0  # kvsim's process at least 5x faster than the reference's loop_s
-
-
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Run ``cmd`` to completion, its output discarded: its wall and CPU (user + system)
-    seconds."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
-    )
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu
 
 
 def kvsim_command(trace: str, out: Path, scheduler: str) -> list[str]:
