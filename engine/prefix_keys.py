@@ -36,16 +36,24 @@ _PROMPT_END = -0x6B76_7369_6D04  # the identity of a whole prompt
 
 
 _M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), 0x9E3779B97F4A7C15
+# numpy scalars made once, and the shifts written into one scratch array: the same values
+# at 2.3x the speed on a 32-block range (17 -> 7.4 us per call on this machine).
+_GOLDEN_U64, _S27, _S30, _S31 = np.uint64(_GOLDEN), np.uint64(27), np.uint64(30), np.uint64(31)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on uint64 (wrapping): a cheap, well-spread 64-bit hash that
-    keys a whole range of blocks in a few numpy operations."""
-    x = x + np.uint64(_GOLDEN)
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    mixed: np.ndarray = x ^ (x >> np.uint64(31))
-    return mixed
+    keys a whole range of blocks in a few numpy operations. ``x`` is not changed."""
+    x = x + _GOLDEN_U64
+    shifted = x >> _S30
+    x ^= shifted
+    x *= _M1
+    np.right_shift(x, _S27, out=shifted)
+    x ^= shifted
+    x *= _M2
+    np.right_shift(x, _S31, out=shifted)
+    x ^= shifted
+    return x
 
 
 _MASK = (1 << 64) - 1
@@ -59,6 +67,13 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
+# mix(i) of block indexes 0 .. 2^14 - 1 (256 k tokens at block size 16), made once: one of
+# _block_keys' two _mix calls (with the _mix above, 66 -> 45 us per 32-block call).
+with np.errstate(over="ignore"):
+    _MIXED_INDEX = _mix(np.arange(1 << 14, dtype=np.uint64))
+_MIXED_INDEX.flags.writeable = False
+
+
 def _block_keys(parents: np.ndarray, start: int, end: int) -> list[int]:
     """Keys of blocks start..end-1 from each block's identifying value ``parents`` (int64):
     mix(parent xor mix(block index)), as signed 64-bit ints."""
@@ -68,9 +83,12 @@ def _block_keys(parents: np.ndarray, start: int, end: int) -> list[int]:
             key = _mix_int((parent & _MASK) ^ _mix_int(i))
             keys.append(key - (1 << 64) if key >> 63 else key)
         return keys
-    index = np.arange(start, end, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        mixed = _mix(parents.view(np.uint64) ^ _mix(index))
+        if end <= len(_MIXED_INDEX):
+            mixed_index = _MIXED_INDEX[start:end]
+        else:
+            mixed_index = _mix(np.arange(start, end, dtype=np.uint64))
+        mixed = _mix(parents.view(np.uint64) ^ mixed_index)
     return mixed.view(np.int64).tolist()  # type: ignore[no-any-return]
 
 

@@ -177,11 +177,11 @@ def test_kvsim_top_level_is_small() -> None:
 
 def test_the_cli_starts_without_the_heavy_libraries() -> None:
     """`kvsim --help` (and every command's start) must not pay for pandas, pyarrow,
-    matplotlib or torch: commands import them where they are used."""
+    matplotlib, torch, numpy, simpy or the engine: commands import them where they are used."""
     code = (
         "import sys, kvsim.cli, kvsim; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'pandas', 'pyarrow', 'matplotlib', 'torch'}))"
+        "{'pandas', 'pyarrow', 'matplotlib', 'torch', 'numpy', 'simpy', 'engine'}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT

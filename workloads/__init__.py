@@ -2,25 +2,55 @@
 generators, rescaling, and simpy arrival processes.
 
 This package imports nothing from ``kvsim`` or ``engine``; the simulator imports it.
+
+Names are imported on first use, so ``from workloads import WorkloadError`` (every CLI command
+does it) pays for neither numpy nor simpy: 0.2 s of ``kvsim --help`` (benchmarks/bench_cli.py).
 """
 
-from workloads.arrivals import ArrivalKind, ArrivalProcess
-from workloads.errors import SpecError, TraceFormatError, WorkloadError
-from workloads.formats import load_trace, save_trace
-from workloads.importers import IMPORTERS, ImportResult
-from workloads.lengths import LengthSpec, parse_length_spec
-from workloads.processes import cancel_after, closed_loop, open_loop
-from workloads.request import Request, Trace
-from workloads.rescale import mean_arrival_rate, rescale_to_rate, scale_time, truncate
-from workloads.shipped import (
-    DEFAULT_TRACE,
-    DEFAULT_TRACE_NAME,
-    resolve_trace,
-    shipped_trace_names,
-    shipped_trace_path,
-)
-from workloads.stats import trace_stats
-from workloads.synthetic import generate_trace
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workloads.arrivals import ArrivalKind, ArrivalProcess
+    from workloads.errors import SpecError, TraceFormatError, WorkloadError
+    from workloads.formats import load_trace, save_trace
+    from workloads.importers import IMPORTERS, ImportResult
+    from workloads.lengths import LengthSpec, parse_length_spec
+    from workloads.processes import cancel_after, closed_loop, open_loop
+    from workloads.request import Request, Trace
+    from workloads.rescale import mean_arrival_rate, rescale_to_rate, scale_time, truncate
+    from workloads.shipped import (
+        DEFAULT_TRACE,
+        DEFAULT_TRACE_NAME,
+        resolve_trace,
+        shipped_trace_names,
+        shipped_trace_path,
+    )
+    from workloads.stats import trace_stats
+    from workloads.synthetic import generate_trace
+
+_EXPORTS = {
+    "workloads.arrivals": ("ArrivalKind", "ArrivalProcess"),
+    "workloads.errors": ("SpecError", "TraceFormatError", "WorkloadError"),
+    "workloads.formats": ("load_trace", "save_trace"),
+    "workloads.importers": ("IMPORTERS", "ImportResult"),
+    "workloads.lengths": ("LengthSpec", "parse_length_spec"),
+    "workloads.processes": ("cancel_after", "closed_loop", "open_loop"),
+    "workloads.request": ("Request", "Trace"),
+    "workloads.rescale": ("mean_arrival_rate", "rescale_to_rate", "scale_time", "truncate"),
+    "workloads.shipped": (
+        "DEFAULT_TRACE",
+        "DEFAULT_TRACE_NAME",
+        "resolve_trace",
+        "shipped_trace_names",
+        "shipped_trace_path",
+    ),
+    "workloads.stats": ("trace_stats",),
+    "workloads.synthetic": ("generate_trace",),
+}
+_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "DEFAULT_TRACE",
@@ -51,3 +81,16 @@ __all__ = [
     "trace_stats",
     "truncate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'workloads' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

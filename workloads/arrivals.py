@@ -10,8 +10,7 @@ import math
 import operator
 from dataclasses import dataclass
 from enum import Enum
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from workloads.errors import SpecError
 from workloads.limits import (
@@ -22,6 +21,9 @@ from workloads.limits import (
     is_integer,
     is_number,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ARRIVAL_DECIMALS = 6  # arrival times are rounded to 1 microsecond
 
@@ -38,6 +40,8 @@ def as_rng(seed: int | np.random.Generator) -> np.random.Generator:
 
     Raises SpecError for a negative or non-integer seed (numpy's own error names no option).
     """
+    import numpy as np  # here, not at the top: `kvsim --help` needs ArrivalKind, not numpy
+
     if isinstance(seed, np.random.Generator):
         return seed
     if not is_integer(seed) or seed < 0:
@@ -109,6 +113,8 @@ class ArrivalProcess:
         Exactly one of the two must be given. Raises SpecError when the times would pass
         MAX_TIME_S (2^32 s) or more than MAX_GENERATED_REQUESTS would be drawn.
         """
+        import numpy as np
+
         if (num_requests is None) == (duration_s is None):
             raise SpecError("give exactly one of num_requests and duration_s")
         if num_requests is not None:
@@ -124,6 +130,8 @@ class ArrivalProcess:
         return np.round(times, ARRIVAL_DECIMALS)
 
     def _times_until(self, rng: np.random.Generator, duration_s: object) -> np.ndarray:
+        import numpy as np
+
         if not (is_number(duration_s) and 0 < duration_s <= MAX_TIME_S):
             raise SpecError(
                 f"duration must be a positive number of seconds up to {MAX_TIME_S:.0f} (2^32), "

@@ -18,8 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 from enum import Enum
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from workloads.errors import (
     OversizedInteger,
@@ -28,9 +27,11 @@ from workloads.errors import (
     shorten,
     show_value,
 )
-from workloads.formats import load_trace
 from workloads.limits import MAX_CV, MAX_TOKENS
 from workloads.shipped import resolve_trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SPEC_HELP = (
     "fixed:N | uniform:LO:HI | lognormal:MEAN:CV[:MAX] | trace:NAME "
@@ -118,6 +119,10 @@ def parse_length_spec(spec: str) -> LengthSpec:
 
 def trace_lengths(source: str) -> tuple[np.ndarray, np.ndarray]:
     """Prompt and output lengths of a shipped trace name or a trace file, as int64 arrays."""
+    import numpy as np  # here, not at the top: `kvsim --help` needs SPEC_HELP, not numpy
+
+    from workloads.formats import load_trace
+
     trace = load_trace(resolve_trace(source))
     prompt = np.fromiter((r.prompt_tokens for r in trace.requests), np.int64, len(trace))
     output = np.fromiter((r.output_tokens for r in trace.requests), np.int64, len(trace))
@@ -128,6 +133,8 @@ def sample_lengths(
     spec: LengthSpec, count: int, rng: np.random.Generator, *, column: str = "prompt"
 ) -> np.ndarray:
     """Draw ``count`` lengths (int64, each >= 1); for TRACE, ``column`` is "prompt" or "output"."""
+    import numpy as np
+
     if spec.kind is LengthKind.FIXED:
         return np.full(count, int(spec.params[0]), dtype=np.int64)
     if spec.kind is LengthKind.UNIFORM:

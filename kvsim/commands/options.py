@@ -32,9 +32,16 @@ def _offered(spec: OptionSpec, command: Command) -> bool:
     return spec.run if command == "run" else spec.sweep in ("option", "axis")
 
 
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    # Once, not per field: get_type_hints evaluates every annotation of RunConfig each call,
+    # 0.15 s of `kvsim --help` when it ran twice per option (bench_cli.py).
+    return typing.get_type_hints(RunConfig)
+
+
 def _value_type(name: str) -> Any:
     """The field's type without None: int, float, str or bool (Literal choices are str)."""
-    kind = typing.get_type_hints(RunConfig)[name]
+    kind = _field_types()[name]
     if typing.get_origin(kind) in (types.UnionType, typing.Union):
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
     if typing.get_origin(kind) is Literal:
@@ -44,7 +51,7 @@ def _value_type(name: str) -> Any:
 
 def choices(name: str) -> tuple[str, ...]:
     """The values a Literal-typed field accepts (empty for any other type)."""
-    kind = typing.get_type_hints(RunConfig)[name]
+    kind = _field_types()[name]
     if typing.get_origin(kind) in (
         types.UnionType,
         typing.Union,
@@ -65,7 +72,12 @@ def default_text(name: str) -> str:
 
 
 def _default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(RunConfig) if f.name == name)
+    return _field_defaults()[name]
+
+
+@functools.cache
+def _field_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(RunConfig)}
 
 
 def _parameter(name: str, spec: OptionSpec, command: Command) -> inspect.Parameter:

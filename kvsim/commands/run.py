@@ -8,16 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from engine import EngineError
 from kvsim.commands.console import Command, console, fail
 from kvsim.commands.options import with_run_options
 from kvsim.commands.summary import print_summary
@@ -25,7 +16,13 @@ from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
 
-USER_ERRORS = (KvsimError, WorkloadError, EngineError)
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean bad input (one red line, exit 2), not a bug."""
+    from engine import EngineError  # here: importing the engine costs `kvsim --help` 60 ms
+
+    return (KvsimError, WorkloadError, EngineError)
+
 
 Opt = typer.Option
 
@@ -109,7 +106,7 @@ def run_command(
             config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
         out_dir = out_path(out, config.trace, "runs")
         result = _run_and_write(config, out_dir, plots=not no_plots, force=force)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         fail(str(exc))
     except OSError as exc:
         fail(os_error_message(exc))
@@ -129,6 +126,15 @@ def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool
 
 
 def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     from kvsim.runner import run
 
     with Progress(

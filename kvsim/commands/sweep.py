@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvsim.commands.console import Command, console, fail, plain, say
 from kvsim.commands.options import with_run_options
-from kvsim.commands.run import USER_ERRORS, os_error_message, out_path
+from kvsim.commands.run import os_error_message, out_path, user_errors
 from kvsim.config import RunConfig
 from workloads import DEFAULT_TRACE_NAME
 
@@ -120,7 +119,7 @@ def sweep_command(
             return
         out_dir = out_path(out, base.trace, "sweeps")
         result = _run_with_progress(spec, out_dir, executor, jobs, address, force)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         fail(str(exc))
     except OSError as exc:
         fail(os_error_message(exc))
@@ -153,6 +152,14 @@ def _print_points(spec: Any) -> None:
 def _run_with_progress(
     spec: Any, out: Path, executor: str, jobs: int | None, address: str | None, force: bool
 ) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     from kvsim.sweep.execute import PointOutcome, run_sweep
 
     with Progress(

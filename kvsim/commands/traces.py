@@ -11,29 +11,21 @@ import json
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from kvsim.commands.console import Command, console, fail, plain, say
-from workloads import (
-    DEFAULT_TRACE_NAME,
-    IMPORTERS,
-    ArrivalKind,
-    ArrivalProcess,
-    ImportResult,
-    WorkloadError,
-    generate_trace,
-    load_trace,
-    resolve_trace,
-    save_trace,
-    shipped_trace_names,
-    trace_stats,
-    truncate,
-)
-from workloads.formats import TRACE_SUFFIXES
+
+# Only what the commands' signatures and help need at import time: generating, importing and
+# reading traces (numpy, the importers) load in the command that runs (bench_cli.py).
+from workloads import DEFAULT_TRACE_NAME, WorkloadError, resolve_trace, shipped_trace_names
+from workloads.arrivals import ArrivalKind, ArrivalProcess
 from workloads.lengths import SPEC_HELP
+
+if TYPE_CHECKING:
+    from workloads import ImportResult
 
 _DEFAULT_LENGTHS = "trace:azure_llm_2023_conv"  # real, paired prompt/output lengths
 
@@ -86,6 +78,8 @@ def _bad_input() -> Iterator[None]:
 
 
 def _check_out(path: Path) -> None:
+    from workloads.formats import TRACE_SUFFIXES
+
     if path.suffix.lower() not in TRACE_SUFFIXES:
         fail(f"{path}: unsupported file extension; use {', '.join(TRACE_SUFFIXES)}")
 
@@ -118,6 +112,8 @@ def gen(
     Same options and seed give a byte-identical file. Example:
     kvsim gen -o t.jsonl --rate 5 --duration 60 --prompt lognormal:1000:1.0 --output fixed:200
     """
+    from workloads import generate_trace, save_trace
+
     _check_out(out)
     if rate is None:
         fail("--rate is required (requests/s)")
@@ -209,6 +205,8 @@ def import_trace(
 
     --rate/--arrival/--cv/--seed/--num-requests apply to lengths only (rows have no times).
     """
+    from workloads import IMPORTERS, save_trace, truncate
+
     _check_out(out)
     with _bad_input():
         options = _import_options(fmt, rate, arrival, cv, seed, num_requests)
@@ -260,6 +258,8 @@ def info(
     as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
 ) -> None:
     """Show a trace's statistics: count, duration, rate, burstiness, token lengths."""
+    from workloads import load_trace, trace_stats
+
     if "\x00" in trace:
         fail("TRACE must not contain a NUL character")
     with _bad_input():

@@ -1,0 +1,137 @@
+"""Wall time of whole ``kvsim`` processes, as a user starts them (issue 13's CLI bar).
+
+Side by side, in turns, medians of --repeats (the machine's speed drifts minute to minute, so
+every command runs once per round):
+
+- ``kvsim --help`` (import time and help rendering);
+- ``kvsim run TRACE --no-plots`` with the v1 defaults (prefix caching on);
+- ``kvsim run TRACE --no-plots --scheduler classic``;
+
+wall seconds with each one's ratio to the 1.0 s bar, and CPU seconds (user + system, which
+drift less than wall time when other work shares the cores). TRACE defaults to
+azure_llm_2023_conv (shipped).
+``--baseline DIR`` adds the same commands run from another checkout (e.g. the main branch, made
+with ``git worktree add`` or ``git archive``) in the same rounds, so a change is measured A/B.
+
+Python's bytecode is cached as an installed package has it (pip compiles it at install): the
+processes run with PYTHONPYCACHEPREFIX in a temporary folder, warmed by one untimed round, so
+nothing is written into the repository. ``--no-bytecode-cache`` measures the compile-on-every-
+start case instead (PYTHONDONTWRITEBYTECODE=1 with no cache).
+
+    python benchmarks/bench_cli.py [--repeats 5] [--trace NAME] [--baseline DIR]
+        [--no-bytecode-cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BAR_S = 1.0  # issue 13: the Azure conv `kvsim run --no-plots` process in at most 1.0 s
+
+
+def commands(trace: str, out: Path) -> dict[str, list[str]]:
+    run = ["run", trace, "--no-plots", "--force", "--out"]
+    return {
+        "kvsim --help": ["--help"],
+        f"kvsim run {trace} --no-plots (v1)": [*run, str(out / "v1")],
+        f"kvsim run {trace} --no-plots --scheduler classic": [
+            *run,
+            str(out / "classic"),
+            "--scheduler",
+            "classic",
+        ],
+    }
+
+
+def environment(tree: Path, cache: Path | None) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if cache is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env["PYTHONPYCACHEPREFIX"] = str(cache)
+    return env
+
+
+def timed(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[float, float]:
+    """Run ``cmd`` to completion, its output discarded: its wall and CPU (user + system)
+    seconds (CPU time drifts less than wall time on a shared machine)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        check=False,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--trace", default="azure_llm_2023_conv")
+    parser.add_argument("--baseline", type=Path, help="another kvsim checkout, run A/B")
+    parser.add_argument("--no-bytecode-cache", action="store_true")
+    args = parser.parse_args()
+
+    trees = {"this": REPO}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline.resolve()
+    with tempfile.TemporaryDirectory(prefix="kvsim-bench-cli-") as tmp:
+        root = Path(tmp)
+        walls: dict[tuple[str, str], list[float]] = {}
+        cpus: dict[tuple[str, str], list[float]] = {}
+        envs = {}
+        for tree_name, tree in trees.items():
+            cache = None if args.no_bytecode_cache else root / f"pycache-{tree_name}"
+            envs[tree_name] = environment(tree, cache)
+        rounds = args.repeats if args.no_bytecode_cache else args.repeats + 1
+        for round_no in range(rounds):
+            for tree_name, tree in trees.items():
+                out = root / f"runs-{tree_name}"
+                for label, command in commands(args.trace, out).items():
+                    cmd = [sys.executable, "-m", "kvsim", *command]
+                    wall, cpu = timed(cmd, envs[tree_name], tree)
+                    if args.no_bytecode_cache or round_no > 0:  # round 0 warms the cache
+                        walls.setdefault((tree_name, label), []).append(wall)
+                        cpus.setdefault((tree_name, label), []).append(cpu)
+                shutil.rmtree(out, ignore_errors=True)
+    cached = "compiled on every start" if args.no_bytecode_cache else "bytecode cached"
+    print(f"kvsim processes, wall and CPU seconds, median of {args.repeats} rounds ({cached})")
+    width = max(len(label) for _, label in walls)
+    for label in dict.fromkeys(label for _, label in walls):
+        cells = []
+        for tree_name in trees:
+            median = statistics.median(walls[(tree_name, label)])
+            cpu = statistics.median(cpus[(tree_name, label)])
+            cells.append(
+                f"{tree_name} wall {median:6.2f} s ({median / BAR_S:5.2f}x the {BAR_S} s bar), "
+                f"CPU {cpu:6.2f} s"
+            )
+        print(f"  {label:{width}s}  " + "   ".join(cells))
+    if args.baseline is not None:
+        for label in dict.fromkeys(label for _, label in walls):
+            ratio = statistics.median(walls[("baseline", label)]) / statistics.median(
+                walls[("this", label)]
+            )
+            print(f"  {label:{width}s}  baseline / this = {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
