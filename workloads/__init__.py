@@ -4,7 +4,8 @@ generators, rescaling, and simpy arrival processes.
 This package imports nothing from ``kvsim`` or ``engine``; the simulator imports it.
 
 Names are imported on first use, so ``from workloads import WorkloadError`` (every CLI command
-does it) pays for neither numpy nor simpy: 0.2 s of ``kvsim --help`` (benchmarks/bench_cli.py).
+does it) pays for neither numpy nor simpy (with the commands' own lazy imports, ``kvsim --help``
+went from 0.71 to 0.53 s: benchmarks/bench_cli.py).
 """
 
 from __future__ import annotations

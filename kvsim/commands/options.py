@@ -35,7 +35,7 @@ def _offered(spec: OptionSpec, command: Command) -> bool:
 @functools.cache
 def _field_types() -> dict[str, Any]:
     # Once, not per field: get_type_hints evaluates every annotation of RunConfig each call,
-    # 0.15 s of `kvsim --help` when it ran twice per option (bench_cli.py).
+    # 0.15 s of `kvsim --help` under cProfile when it ran twice per option.
     return typing.get_type_hints(RunConfig)
 
 
