@@ -331,18 +331,6 @@ class V1Scheduler(Scheduler):
             )
         self.block_manager.free_sequence_v1(seq)
 
-    def abort(self, seq_id: int) -> bool:
-        seq = self._unfinished.get(seq_id)
-        if seq is None:
-            return False
-        if seq.status is RUNNING:
-            self._running.remove(seq)
-        else:
-            self._waiting.remove(seq)
-        seq.finish_reason = "aborted"
-        self._finish(seq, FINISHED_ABORTED, ABORT)
-        return True
-
     # --- update -------------------------------------------------------------------------------
 
     def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
