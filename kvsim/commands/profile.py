@@ -15,15 +15,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from engine import EngineError
 from kvsim.commands.console import console, fail, say
 from kvsim.commands.options import with_run_options
+from kvsim.commands.run import user_errors
 from kvsim.config import DEFAULT_THREADS, RunConfig
-from kvsim.errors import KvsimError
-from workloads import DEFAULT_TRACE_NAME, WorkloadError
+from workloads import DEFAULT_TRACE_NAME
 
 Opt = typer.Option
-USER_ERRORS = (KvsimError, WorkloadError, EngineError)
 
 
 class Timer(str, enum.Enum):
@@ -81,7 +79,7 @@ def profile_command(
                 out_dir, model, threads=threads, repeats=repeats, dtype=dtype, grid=grid,
                 timer=timer.value, force=force,
             )  # fmt: skip
-        except (*USER_ERRORS, ValueError, OSError) as exc:
+        except (*user_errors(), ValueError, OSError) as exc:
             fail(f"profile {model!r}: {exc}")
     noise = record["noise"]
     table = Table(title=f"kvsim profile ({record['seconds']} s)", header_style="bold")
@@ -141,7 +139,7 @@ def validate_run_command(
         with console.status("engine mode, then cost mode"):
             comparison = compare_runs(config, gpu, coefficients, timer.value)
         write_comparison(comparison, out_dir, force=force)
-    except (*USER_ERRORS, ValueError, OSError) as exc:
+    except (*user_errors(), ValueError, OSError) as exc:
         fail(str(exc))
     _print_comparison(comparison.summary)
     say(f"wrote {out_dir}")
