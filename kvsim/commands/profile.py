@@ -79,7 +79,7 @@ def profile_command(
                 out_dir, model, threads=threads, repeats=repeats, dtype=dtype, grid=grid,
                 timer=timer.value, force=force,
             )  # fmt: skip
-        except (*user_errors(), ValueError, OSError) as exc:
+        except user_errors(ValueError, OSError) as exc:
             fail(f"profile {model!r}: {exc}")
     noise = record["noise"]
     table = Table(title=f"kvsim profile ({record['seconds']} s)", header_style="bold")
@@ -139,7 +139,7 @@ def validate_run_command(
         with console.status("engine mode, then cost mode"):
             comparison = compare_runs(config, gpu, coefficients, timer.value)
         write_comparison(comparison, out_dir, force=force)
-    except (*user_errors(), ValueError, OSError) as exc:
+    except user_errors(ValueError, OSError) as exc:
         fail(str(exc))
     _print_comparison(comparison.summary)
     say(f"wrote {out_dir}")

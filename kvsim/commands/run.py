@@ -17,11 +17,11 @@ from kvsim.errors import KvsimError
 from workloads import DEFAULT_TRACE_NAME, WorkloadError
 
 
-def user_errors() -> tuple[type[Exception], ...]:
-    """The exceptions that mean bad input (one red line, exit 2), not a bug."""
+def user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
+    """The exceptions that mean bad input (one red line, exit 2), not a bug; plus ``extra``."""
     from engine import EngineError  # here: importing the engine costs `kvsim --help` 60 ms
 
-    return (KvsimError, WorkloadError, EngineError)
+    return (KvsimError, WorkloadError, EngineError, *extra)
 
 
 Opt = typer.Option
