@@ -352,28 +352,40 @@ class Scheduler:
         max_model_len, and frees their blocks. Returns the sequences finished this step,
         those rejected while scheduling it included.
         """
+        finished = self._take_pending(output, sampled_token_ids)
+        num_done_before = len(finished)
+        if output.kind is DECODE:
+            self._update_decode(output.seqs, sampled_token_ids, finished)
+        else:
+            self._update_prefill(output.seqs, sampled_token_ids, output.num_new_tokens, finished)
+        if len(finished) > num_done_before:
+            self._finish_sampled(finished[num_done_before:])
+        return finished
+
+    def _take_pending(
+        self, output: SchedulerOutput, sampled_token_ids: list[int]
+    ) -> list[Sequence]:
+        """Check that ``output`` is the pending step and has one sampled token per sequence,
+        and close it; returns the list update() fills, holding the rejections first."""
         if output is not self._pending:
             raise SchedulerError(f"update() got step {output.step}, not the pending step")
-        seqs = output.seqs
-        if len(sampled_token_ids) != len(seqs):
+        if len(sampled_token_ids) != len(output.seqs):
             raise SchedulerError(
                 f"step {output.step}: {len(sampled_token_ids)} sampled tokens for "
-                f"{len(seqs)} sequences"
+                f"{len(output.seqs)} sequences"
             )
         self._pending = None
         output._updated = True
         finished, self._finished_early = self._finished_early, []
-        num_done_before = len(finished)
-        if output.kind is DECODE:
-            self._update_decode(seqs, sampled_token_ids, finished)
-        else:
-            self._update_prefill(seqs, sampled_token_ids, output.num_new_tokens, finished)
-        if len(finished) > num_done_before:
-            for seq in finished[num_done_before:]:
-                status = FINISHED_STOPPED if seq.finish_reason == "stop" else FINISHED_LENGTH
-                self._finish(seq, status, FINISH)
-            self._drop_finished(finished[num_done_before:])
         return finished
+
+    def _finish_sampled(self, done: list[Sequence]) -> None:
+        """Finish ``done`` (running sequences that sampled a stop token or reached their
+        length limit, ``finish_reason`` set) and free their blocks."""
+        for seq in done:
+            status = FINISHED_STOPPED if seq.finish_reason == "stop" else FINISHED_LENGTH
+            self._finish(seq, status, FINISH)
+        self._drop_finished(done)
 
     def _drop_finished(self, done: list[Sequence]) -> None:
         """Remove ``done`` (sequences that were running) from the running list, in order."""

@@ -39,17 +39,12 @@ from engine.sequence import Sequence, SequenceStatus
 
 WAITING = SequenceStatus.WAITING  # module constants: see engine/scheduler.py
 RUNNING = SequenceStatus.RUNNING
-FINISHED_STOPPED = SequenceStatus.FINISHED_STOPPED
-FINISHED_LENGTH = SequenceStatus.FINISHED_LENGTH
-FINISHED_ABORTED = SequenceStatus.FINISHED_ABORTED
-FINISHED_REJECTED = SequenceStatus.FINISHED_REJECTED
 ARRIVE, ADMIT, RESUME, PREEMPT = (
     EventKind.ARRIVE,
     EventKind.ADMIT,
     EventKind.RESUME,
     EventKind.PREEMPT,
 )
-FINISH, ABORT, REJECT = EventKind.FINISH, EventKind.ABORT, EventKind.REJECT
 
 
 class V1Scheduler(Scheduler):
@@ -339,19 +334,9 @@ class V1Scheduler(Scheduler):
         ``output.seqs`` entry; ignored for the others) and may finish (stop token, max_tokens,
         max_model_len), freeing its blocks. Returns the sequences finished this step, those
         rejected while scheduling it first."""
-        if output is not self._pending:
-            raise SchedulerError(f"update() got step {output.step}, not the pending step")
-        seqs = output.seqs
-        if len(sampled_token_ids) != len(seqs):
-            raise SchedulerError(
-                f"step {output.step}: {len(sampled_token_ids)} sampled tokens for "
-                f"{len(seqs)} sequences"
-            )
-        self._pending = None
-        output._updated = True
-        finished, self._finished_early = self._finished_early, []
+        finished = self._take_pending(output, sampled_token_ids)
         num_done_before = len(finished)
-        for seq, n, token in zip(seqs, output.num_new_tokens, sampled_token_ids):
+        for seq, n, token in zip(output.seqs, output.num_new_tokens, sampled_token_ids):
             if seq.status is not RUNNING:
                 continue  # aborted after it was scheduled
             cached = seq.cached_token_count + n
@@ -368,10 +353,7 @@ class V1Scheduler(Scheduler):
                 seq.finish_reason = "length"
                 finished.append(seq)
         if len(finished) > num_done_before:
-            for seq in finished[num_done_before:]:
-                status = FINISHED_STOPPED if seq.finish_reason == "stop" else FINISHED_LENGTH
-                self._finish(seq, status, FINISH)
-            self._drop_finished(finished[num_done_before:])
+            self._finish_sampled(finished[num_done_before:])
         return finished
 
 

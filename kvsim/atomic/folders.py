@@ -156,6 +156,15 @@ def check_name(final: Path, what: str = "output") -> None:
         raise OutputError(f"{final}: is a symbolic link; give the folder it points to")
 
 
+def check_output_file(path: Path, *, force: bool) -> None:
+    """Raise ``OutputError`` unless ``path`` may be written as one output file: it must not be
+    a folder, and an existing file is replaced only with ``force`` (it may be the user's)."""
+    if os.path.isdir(path):
+        raise OutputError(f"{path}: is a folder (a directory), not a file: name the file to write")
+    if os.path.lexists(path) and not force:
+        raise OutputError(f"{path}: exists; pass --force to replace it")
+
+
 def check_target(final: Path, kind: FolderKind, *, force: bool) -> None:
     """Raise ``OutputError`` unless ``final`` may be written: it does not exist, or it is a
     ``kind`` folder holding only what kvsim writes and ``force`` is given."""

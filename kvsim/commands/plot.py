@@ -9,7 +9,6 @@ exceptions into one red line and exit code 2.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,12 +26,13 @@ ForceOption = Annotated[bool, typer.Option("--force", help="Replace the --out fi
 def _check_out(out: Path | None, force: bool) -> None:
     """A file the user names is never replaced without --force (the run folder's own
     report.html / run.perfetto.json, the defaults, are kvsim's to rewrite)."""
-    if out is None:
-        return
-    if os.path.isdir(out):
-        fail(f"{out}: is a folder; name a file")
-    if os.path.lexists(out) and not force:
-        fail(f"{out}: exists; pass --force to replace it")
+    from kvsim.atomic import check_output_file
+
+    if out is not None:
+        try:
+            check_output_file(out, force=force)
+        except KvsimError as exc:
+            fail(str(exc))
 
 
 FromOption = Annotated[

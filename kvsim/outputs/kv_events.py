@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.atomic import remove_stale_temporaries, temp_path
+from kvsim.atomic import check_output_file, remove_stale_temporaries, temp_path
 from kvsim.errors import KvsimError
 
 MEDIUM = "GPU"
@@ -154,10 +154,7 @@ def write_kv_events(run: Any, path: Path, *, force: bool = False) -> tuple[int, 
     never a directory). Returns (batches, events) written."""
     check_exportable(run)
     path = Path(path)
-    if path.is_dir():
-        raise KvEventsError(f"{path}: is a directory; name the file to write")
-    if os.path.lexists(path) and not force:
-        raise KvEventsError(f"{path}: exists; pass --force to replace it")
+    check_output_file(path, force=force)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path.parent)
     tmp = temp_path(path)
