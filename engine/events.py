@@ -92,6 +92,18 @@ class EventSink(Protocol):
         ``record_step`` of ``num_seqs`` sequences one token each would record it;
         ``free_blocks`` is the count after the step's appends."""
 
+    def record_block_events(
+        self, kinds: list[int], seq_ids: list[int], block_ids: list[int], num_tokens: list[int],
+        free_blocks: int,
+    ) -> None:  # fmt: skip
+        """Single-block events of one scheduling pass, in order, as ``record`` and
+        ``record_appends`` would record them one by one: APPEND_BLOCK (the sequence took the
+        block from the free queue), EVICT (seq_id -1: the block the next APPEND_BLOCK takes
+        lost its key) and CACHE (num_tokens: the block's table index). ``free_blocks`` is
+        the count before the first; each APPEND_BLOCK takes one, and its EVICT records the
+        count after that take. The keys of the EVICT and CACHE blocks follow in one
+        ``record_hashes`` call."""
+
     def record_hashes(self, block_hashes: BlockIds[int]) -> None:
         """The prefix-cache keys of the blocks of the CACHE or EVICT event just recorded,
         in order (signed 64-bit ints)."""
@@ -132,8 +144,14 @@ _APPEND_RUN = -1
 # num_blocks hold the number of appends, free_blocks the count after them, num_tokens the
 # step's tokens.
 _DECODE_STEP = -2
+# A run of single-block APPEND_BLOCK / EVICT / CACHE events (record_block_events): seq_id
+# holds the run's length, free_blocks the count before it; kinds, sequence ids and token
+# counts are kept aside. One row per pass instead of one or two sink calls per block: a v1
+# decode step with prefix caching takes, evicts and caches blocks for a tenth of its batch.
+_BLOCK_RUN = -3
 _STEP = int(EventKind.STEP)
 _APPEND_BLOCK = int(EventKind.APPEND_BLOCK)
+_EVICT = int(EventKind.EVICT)
 _DECODE = int(StepKind.DECODE)
 
 
@@ -141,17 +159,23 @@ def _empty_columns(names: tuple[str, ...], dtypes: tuple[str, ...]) -> Columns:
     return {n: np.empty(0, dtype=d) for n, d in zip(names, dtypes)}
 
 
-def _event_records(rows: bytes | bytearray, run_seq_ids: list[int]) -> np.ndarray:
-    """The recorded rows (packed ``_ROW`` structs) as one record array, each APPEND run and
-    decode-step row expanded into its events with vectorised numpy."""
+def _event_records(
+    rows: bytes | bytearray, run_seq_ids: list[int], block_run: _BlockRunColumns | None = None
+) -> np.ndarray:
+    """The recorded rows (packed ``_ROW`` structs) as one record array, each APPEND run,
+    decode-step row and block run expanded into its events with vectorised numpy."""
     records = np.frombuffer(rows, dtype=_ROW_RECORD)
     kind = records["kind"]
     is_run = kind == _APPEND_RUN
     is_decode = kind == _DECODE_STEP
-    if not run_seq_ids and not is_decode.any():
+    is_block_run = kind == _BLOCK_RUN if block_run is not None else None
+    if not run_seq_ids and not is_decode.any() and is_block_run is None:
         return records
     num_appends = np.where(is_run | is_decode, records["seq_id"], 0)
-    counts = num_appends + ~is_run  # a run row is only its appends; a decode row ends in STEP
+    # a run row is only its appends; a decode row ends in STEP; a block run is its events
+    counts = num_appends + ~is_run
+    if is_block_run is not None:
+        counts = np.where(is_block_run, records["seq_id"], counts)
     # free_blocks after each group's first append; each later one has one fewer
     first_free = records["free_blocks"] + np.where(is_decode, num_appends - 1, 0)
     records = np.repeat(records, counts)
@@ -166,7 +190,35 @@ def _event_records(rows: bytes | bytearray, run_seq_ids: list[int]) -> np.ndarra
     records["kind"][closes_decode] = _STEP
     records["seq_id"][closes_decode] = NO_SEQ
     records["num_blocks"][closes_decode] = 0
+    if is_block_run is not None and block_run is not None:
+        in_run = np.repeat(is_block_run, counts)
+        kinds = np.frombuffer(block_run.kinds, dtype=np.int8)
+        appends = kinds == _APPEND_BLOCK
+        takes = appends | (kinds == _EVICT)  # an EVICT comes right before its take
+        # blocks taken before each event of its run (a run's events are contiguous)
+        taken = np.cumsum(appends) - appends
+        first = offset[in_run] == 0
+        taken -= np.repeat(taken[first], counts[is_block_run])
+        records["kind"][in_run] = kinds
+        records["seq_id"][in_run] = np.frombuffer(block_run.seq_ids, dtype=np.int32)
+        records["num_tokens"][in_run] = np.frombuffer(block_run.num_tokens, dtype=np.int32)
+        records["num_blocks"][in_run] = 1
+        records["free_blocks"][in_run] -= taken + takes
     return records
+
+
+class _BlockRunColumns:
+    """The per-event columns of the block runs in a recorder's unpacked rows."""
+
+    __slots__ = ("kinds", "num_tokens", "seq_ids")
+
+    def __init__(self) -> None:
+        self.kinds = array("b")
+        self.seq_ids = array("i")
+        self.num_tokens = array("i")
+
+    def __len__(self) -> int:
+        return len(self.kinds)
 
 
 def _merge(chunks: list[tuple[Columns, np.ndarray]]) -> tuple[Columns, np.ndarray]:
@@ -235,6 +287,8 @@ class EventRecorder:
         self._block_ids: list[int] = []  # a list: extending it from a block table is a memcpy
         self._run_seq_ids: list[int] = []  # the sequences of the APPEND runs in _rows
         self._num_runs = 0  # APPEND run rows in _rows
+        self._block_run = _BlockRunColumns()  # the events of the block runs in _rows
+        self._num_block_runs = 0
         self._chunks: list[tuple[Columns, np.ndarray]] = []
         self._num_packed = 0
         # Per STEP row in _rows, what its event row does not carry (its other step columns
@@ -246,7 +300,9 @@ class EventRecorder:
     def __len__(self) -> int:
         """Events recorded so far (an APPEND run counts as its events)."""
         num_rows = len(self._rows) // _ROW.size
-        return self._num_packed + num_rows + len(self._run_seq_ids) - self._num_runs
+        num_expanded = len(self._run_seq_ids) - self._num_runs
+        num_expanded += len(self._block_run) - self._num_block_runs
+        return self._num_packed + num_rows + num_expanded
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -313,6 +369,23 @@ class EventRecorder:
         if len(rows) >= self._rows_limit or len(self._run_seq_ids) >= self.chunk_size:
             self._pack()
 
+    def record_block_events(
+        self, kinds: list[int], seq_ids: list[int], block_ids: list[int], num_tokens: list[int],
+        free_blocks: int,
+    ) -> None:  # fmt: skip
+        rows = self._rows
+        rows += self._pack_row(
+            self.clock(), self.step, _BLOCK_RUN, len(kinds), free_blocks, 0, len(kinds)
+        )
+        run = self._block_run
+        run.kinds.extend(kinds)
+        run.seq_ids.extend(seq_ids)
+        run.num_tokens.extend(num_tokens)
+        self._num_block_runs += 1
+        self._block_ids.extend(block_ids)
+        if len(rows) >= self._rows_limit or len(run) >= self.chunk_size:
+            self._pack()
+
     def record_hashes(self, block_hashes: BlockIds[int]) -> None:
         if self.keep_block_hashes:
             self._block_hashes.extend(block_hashes)
@@ -338,7 +411,8 @@ class EventRecorder:
 
     def _pack(self) -> None:
         if self._rows:
-            records = _event_records(self._rows, self._run_seq_ids)
+            block_run = self._block_run if self._num_block_runs else None
+            records = _event_records(self._rows, self._run_seq_ids, block_run)
             chunk = {n: records[n].copy() for n in EVENT_COLUMNS}
         else:
             chunk = _empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
@@ -348,6 +422,9 @@ class EventRecorder:
         self._block_ids = []
         self._run_seq_ids = []
         self._num_runs = 0
+        if self._num_block_runs:
+            self._block_run = _BlockRunColumns()
+            self._num_block_runs = 0
         if self._step_kinds:
             is_step = chunk["kind"] == _STEP
             self._step_chunks.append(

@@ -194,27 +194,20 @@ class FastV1Scheduler(LazyV1Scheduler):
         filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
         nonlazy = self._nonlazy
         if not nonlazy:
-            if not filling:  # each visited sequence takes a block
-                fills = caching and bs == 1  # block size 1: the token fills the block it took
+            if caching and bs == 1:  # the token fills the block it took
                 for seq in needing:
                     bm.append_decode_block(seq)
-                    if fills:
-                        self._cache_decode(seq)
-            elif not needing:
-                for seq in filling:
                     self._cache_decode(seq)
-            else:  # both, merged in running order (the two classes are disjoint)
-                order = self._order
-                i = j = 0
-                while i < len(needing) or j < len(filling):
-                    if j == len(filling) or (
-                        i < len(needing) and order[needing[i].seq_id] < order[filling[j].seq_id]
-                    ):
-                        bm.append_decode_block(needing[i])
-                        i += 1
-                    else:
-                        self._cache_decode(filling[j])
-                        j += 1
+                return
+            if len(needing) + len(filling) > 1:
+                for seq in filling:
+                    if seq.prefix is None:
+                        self._sync(seq)  # its keys are made from its tokens
+                bm.decode_blocks(needing, filling, self._order)
+            elif needing:  # one block: the batch's fixed costs would outweigh its savings
+                bm.append_decode_block(needing[0])
+            elif filling:
+                self._cache_decode(filling[0])
             return
         active = [*needing, *filling, *nonlazy]
         active.sort(key=self._order_key)

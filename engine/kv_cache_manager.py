@@ -33,7 +33,7 @@ from engine.prefix_cache import PrefixCacheMixin
 from engine.sequence import Sequence
 
 ALLOCATE, APPEND_BLOCK, FREE = EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE
-PREFIX_HIT = EventKind.PREFIX_HIT
+PREFIX_HIT, CACHE, EVICT = EventKind.PREFIX_HIT, EventKind.CACHE, EventKind.EVICT
 _NOT_QUEUED = -1
 _PAD = -1  # list entries before _head: never read
 
@@ -80,36 +80,62 @@ class KVCacheManagerMixin(PrefixCacheMixin):
     def _pop_free(self, n: int) -> list[int]:
         """Take ``n`` blocks from the front of the free queue (ref count 1 each), evicting
         the cached ones among them."""
+        if n == 1:
+            return [self._take_block()]
+        return self._pop_blocks(n)[0]
+
+    def _take_block(self) -> int:
+        """``_pop_free(1)``: the block at the front of the free queue."""
+        b = self._front_block()
+        if self._has_key_c[b]:
+            self._has_key_c[b] = 0
+            self._evict([b])
+        return b
+
+    def _front_block(self) -> int:
+        """Take the block at the front of the free queue (ref count 1), leaving its key."""
+        free, head = self._free, self._head
+        b = free[head]
+        pos = self._queue_pos
+        if self._num_stale and pos[b] != head:
+            while pos[b] != head:  # _pop_live(1): skip the dead entries
+                self._num_stale -= 1
+                head += 1
+                b = free[head]
+        self._head = head + 1
+        if head > 4096 and head * 2 > len(free):
+            self._compact()
+        pos[b] = _NOT_QUEUED
+        self._ref_counts[b] = 1
+        return b
+
+    def _pop_blocks(self, n: int) -> tuple[list[int], np.ndarray]:
+        """``_pop_free(n)`` for n > 1, with the blocks as an index array too."""
         free, head = self._free, self._head
         end = head + n
         blocks = free[head:end]
+        index = np.array(blocks, dtype=np.intp)
         pos = self._queue_pos_np
         if self._num_stale:
-            index = np.array(blocks, dtype=np.intp)
             live = pos[index] == np.arange(head, end, dtype=np.int32)
             if not live.all():
                 blocks, end = self._pop_live(n)
+                index = np.array(blocks, dtype=np.intp)
         self._head = end
         if end > 4096 and end * 2 > len(free):
             self._compact()
-        if n == 1:
-            b = blocks[0]
-            self._queue_pos[b] = _NOT_QUEUED
-            self._ref_counts[b] = 1
-            if self._has_key_c[b]:
-                self._has_key_c[b] = 0
-                self._evict(blocks)
-        elif n:
-            index = np.array(blocks, dtype=np.intp)
-            pos[index] = _NOT_QUEUED
-            self._ref_counts_np[index] = 1
-            if self.enable_prefix_caching:
-                hashed = self._has_key[index]
-                if hashed.any():
-                    evicted = index[hashed]
-                    self._has_key[evicted] = False
-                    self._evict(evicted.tolist())
-        return blocks
+        pos[index] = _NOT_QUEUED
+        self._ref_counts_np[index] = 1
+        if n and self.enable_prefix_caching:
+            hashed = self._has_key[index]
+            if hashed.all():  # the usual case once the pool has cycled: every block cached
+                self._has_key[index] = False
+                self._evict(index)
+            elif hashed.any():
+                evicted = index[hashed]
+                self._has_key[evicted] = False
+                self._evict(evicted)
+        return blocks, index
 
     def _pop_live(self, n: int) -> tuple[list[int], int]:
         """The first ``n`` live blocks from ``_head`` (dead entries skipped and dropped from
@@ -208,11 +234,12 @@ class KVCacheManagerMixin(PrefixCacheMixin):
                     PREFIX_HIT, seq.seq_id, self.get_num_free_blocks(), hit_blocks, num_hit * bs
                 )
         if num_new_blocks > 0:
-            new = self._pop_free(num_new_blocks)
             if num_new_blocks == 1:
+                new = [self._take_block()]
                 self._owners[new[0]] = seq.seq_id
             else:
-                self._owners_np[np.array(new, dtype=np.intp)] = seq.seq_id
+                new, index = self._pop_blocks(num_new_blocks)
+                self._owners_np[index] = seq.seq_id
             table.extend(new)
             if sink is not None:
                 num_free = self.get_num_free_blocks()
@@ -234,23 +261,84 @@ class KVCacheManagerMixin(PrefixCacheMixin):
     def append_decode_block(self, seq: Sequence) -> None:
         """``allocate_slots`` of a running sequence whose next token starts a new block (the
         fast decode path): one block from the free queue, the same events."""
-        free, head = self._free, self._head
-        b = free[head]
-        if self._num_stale and self._queue_pos[b] != head:
-            b = self._pop_free(1)[0]
-        else:  # _pop_free(1), inlined: most decode steps of a small block size take one
-            self._head = head + 1
-            if head > 4096 and head * 2 > len(free):
-                self._compact()
-            self._queue_pos[b] = _NOT_QUEUED
-            self._ref_counts[b] = 1
-            if self._has_key_c[b]:
-                self._has_key_c[b] = 0
-                self._evict([b])
+        b, key = self._take_one(seq)
+        sink = self.event_sink
+        if sink is not None:
+            if key is not None and sink.prefix_cache_events:
+                sink.record(EVICT, -1, self.get_num_free_blocks(), [b], 0)
+                sink.record_hashes([key])
+            sink.record_appends([seq.seq_id], [b], self.get_num_free_blocks())
+
+    def _take_one(self, seq: Sequence) -> tuple[int, int | None]:
+        """``append_decode_block`` without its events: the block ``seq`` took from the
+        front of the free queue, and the key it was evicted with (None: it had none)."""
+        b = self._front_block()
+        key = None
+        if self._has_key_c[b]:
+            self._has_key_c[b] = 0
+            key = self._drop_key(b)
         self._owners[b] = seq.seq_id
         seq.block_table.append(b)
-        if self.event_sink is not None:
-            self.event_sink.record_appends([seq.seq_id], [b], self.get_num_free_blocks())
+        return b, key
+
+    def decode_blocks(
+        self, needing: list[Sequence], filling: list[Sequence], order: dict[int, int]
+    ) -> None:
+        """The block work of a decode-only pass (FastV1Scheduler's): each of ``needing``
+        takes a block (``append_decode_block``), each of ``filling`` caches the block its
+        token fills (``cache_decode_block``; the sequences' keys must not need their
+        tokens, or be synced). Both lists are in running order; ``order`` (seq_id ->
+        running position) merges them as the plain pass visits them. The events are those
+        calls' events, recorded as one block run."""
+        if not needing:
+            visits = [(s, False) for s in filling]
+        elif not filling:
+            visits = [(s, True) for s in needing]
+        else:  # two sorted runs: one merge
+            visits = sorted(
+                [*((s, True) for s in needing), *((s, False) for s in filling)],
+                key=lambda v: order[v[0].seq_id],
+            )
+        sink = self.event_sink
+        if sink is None:
+            take, cache = self._take_one, self._cache_one
+            for seq, takes in visits:
+                if takes:
+                    take(seq)
+                else:
+                    cache(seq)
+            return
+        cache_events = sink.prefix_cache_events
+        kinds: list[int] = []
+        seq_ids: list[int] = []
+        blocks: list[int] = []
+        tokens: list[int] = []
+        keys: list[int] = []
+        free_before = self.get_num_free_blocks()
+        for seq, takes in visits:
+            if takes:
+                b, key = self._take_one(seq)
+                if key is not None and cache_events:
+                    kinds.append(EVICT)
+                    seq_ids.append(-1)
+                    blocks.append(b)
+                    tokens.append(0)
+                    keys.append(key)
+                kinds.append(APPEND_BLOCK)
+                tokens.append(1)
+            else:
+                b, key = self._cache_one(seq)
+                if not cache_events:
+                    continue
+                kinds.append(CACHE)
+                tokens.append(seq._num_cached_blocks - 1)
+                keys.append(key)
+            seq_ids.append(seq.seq_id)
+            blocks.append(b)
+        if kinds:
+            sink.record_block_events(kinds, seq_ids, blocks, tokens, free_before)
+            if keys:
+                sink.record_hashes(keys)
 
     def _touch(self, seq: Sequence, hit_blocks: list[int]) -> None:
         """Take one more reference to each hit block; a free (evictable) one leaves the free

@@ -95,49 +95,66 @@ class PrefixCacheMixin:
         self._watch_keys: set[int] | None = None
         self._watch_hit = False
 
-    def _evict(self, block_ids: list[int]) -> None:
-        """Drop the keys of ``block_ids`` (cached free blocks being reused) from the prefix
-        cache; the caller clears ``_has_key``."""
-        cached = self._cached
-        keys: list[int]
-        if len(block_ids) == 1:
-            b = block_ids[0]
-            keys = [self._block_key_c[b]]
-            if self._private_c[b]:
-                self._private_c[b] = 0
-                in_map = []
-            else:
-                in_map = block_ids
-        else:
-            keys = self._block_key[block_ids].tolist()
-            private = self._private[block_ids]
-            if private.any():
-                self._private[np.array(block_ids)[private]] = False
-                in_map = [b for b, p in zip(block_ids, private.tolist()) if not p]
-            else:
-                in_map = block_ids
-        if not in_map:
-            pass
-        elif not self._num_shared_keys:
-            # Each key maps to one block: pop them all at C speed.
-            map_keys = keys if in_map is block_ids else self._block_key[in_map].tolist()
-            deque(map(cached.pop, map_keys), maxlen=0)
-        else:
-            for b, key in zip(in_map, self._block_key[in_map].tolist()):
-                entry = cached.pop(key)
-                if entry.__class__ is not int:  # several blocks hold this content
-                    assert isinstance(entry, list)
-                    entry.remove(b)
-                    if len(entry) == 1:
-                        cached[key] = entry[0]
-                        self._num_shared_keys -= 1
-                    else:
-                        cached[key] = entry
-        self.num_evictions += len(block_ids)
+    def _evict(self, block_ids: list[int] | np.ndarray) -> None:
+        """Drop the keys of ``block_ids`` (cached free blocks being reused; a list, or an
+        intp index array) from the prefix cache and record their EVICT event; the caller
+        clears ``_has_key``."""
+        keys = self._drop_keys(block_ids)
         sink = self.event_sink
         if sink is not None and sink.prefix_cache_events:
-            sink.record(EVICT, -1, self.get_num_free_blocks(), block_ids, 0)
+            ids = block_ids if isinstance(block_ids, list) else block_ids.tolist()
+            sink.record(EVICT, -1, self.get_num_free_blocks(), ids, 0)
             sink.record_hashes(keys)
+
+    def _drop_key(self, b: int) -> int:
+        """``_drop_keys([b])`` for one block, returning its key: a decode step's take."""
+        key = self._block_key_c[b]
+        if self._private_c[b]:
+            self._private_c[b] = 0
+        else:
+            entry = self._cached.pop(key)
+            if entry.__class__ is not int:
+                self._unshare(key, entry, b)  # type: ignore[arg-type]
+        self.num_evictions += 1
+        return key
+
+    def _drop_keys(self, block_ids: list[int] | np.ndarray) -> list[int]:
+        """The keys of ``block_ids``, removed from the map (private ones only unmarked)."""
+        if len(block_ids) == 1:
+            return [self._drop_key(int(block_ids[0]))]
+        cached = self._cached
+        index = np.asarray(block_ids, dtype=np.intp)
+        keys: list[int] = self._block_key[index].tolist()
+        private = self._private[index]
+        if private.all():  # prompts nobody shares: their keys never entered the map
+            self._private[index] = False
+            self.num_evictions += len(keys)
+            return keys
+        if private.any():
+            self._private[index[private]] = False
+            in_map = index[~private]
+        else:
+            in_map = index
+        if not self._num_shared_keys:
+            # Each key maps to one block: pop them all at C speed.
+            map_keys = keys if in_map is index else self._block_key[in_map].tolist()
+            deque(map(cached.pop, map_keys), maxlen=0)
+        else:
+            for b, key in zip(in_map.tolist(), self._block_key[in_map].tolist()):
+                entry = cached.pop(key)
+                if entry.__class__ is not int:  # several blocks hold this content
+                    self._unshare(key, entry, b)  # type: ignore[arg-type]
+        self.num_evictions += len(keys)
+        return keys
+
+    def _unshare(self, key: int, entry: list[int], b: int) -> None:
+        """Put back ``key``'s other blocks after ``b`` left (``entry`` was popped)."""
+        entry.remove(b)
+        if len(entry) == 1:
+            self._cached[key] = entry[0]
+            self._num_shared_keys -= 1
+        else:
+            self._cached[key] = entry
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
@@ -255,6 +272,17 @@ class PrefixCacheMixin:
     def cache_decode_block(self, seq: Sequence) -> None:
         """``cache_blocks`` when a decode token fills exactly one block (the fast decode
         path): its key made in O(1) from the previous one, the same events."""
+        b, key = self._cache_one(seq)
+        sink = self.event_sink
+        if sink is not None and sink.prefix_cache_events:
+            sink.record(
+                CACHE, seq.seq_id, self.get_num_free_blocks(), (b,), seq._num_cached_blocks - 1
+            )
+            sink.record_hashes((key,))
+
+    def _cache_one(self, seq: Sequence) -> tuple[int, int]:
+        """Cache ``seq``'s next full block (``cache_decode_block`` without its event):
+        returns the block and its key."""
         i = seq._num_cached_blocks
         keys = seq.block_hashes
         if (
@@ -286,10 +314,7 @@ class PrefixCacheMixin:
         seq._num_cached_blocks = i + 1
         if self._watch_keys is not None and key in self._watch_keys:
             self._watch_hit = True
-        sink = self.event_sink
-        if sink is not None and sink.prefix_cache_events:
-            sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), (b,), i)
-            sink.record_hashes((key,))
+        return b, key
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;

@@ -11,7 +11,9 @@ from engine import EventKind, EventRecorder, StepKind
 
 # ("event", seq_id, num_blocks) | ("appends", run length) | ("step", num_seqs)
 # | ("decode", appends, num_seqs): a whole decode step in one call
+# | ("blocks", pattern, 0): a block run (record_block_events) of takes, evictions and caches
 action = st.one_of(
+    st.tuples(st.just("blocks"), st.integers(0, 3**6 - 1), st.just(0)),
     st.tuples(st.just("event"), st.integers(0, 9), st.integers(0, 3)),
     st.tuples(st.just("appends"), st.integers(1, 6), st.just(0)),
     st.tuples(st.just("step"), st.integers(1, 9), st.just(0)),
@@ -57,6 +59,27 @@ def replay(
             ]
             # a decode step's token count is its batch size
             expected.append((time[0], i // 3, EventKind.STEP, -1, free, b, 0, []))
+        elif what == "blocks":
+            # pattern's base-3 digits: 0 a take, 1 a take of a cached block (EVICT first),
+            # 2 a cache; each take leaves one block fewer, its EVICT sees the count after it
+            kinds, seqs, ids, tokens = [], [], [], []
+            left = free
+            for k in range(1 + a % 6):
+                digit = (a // 3**k) % 3
+                blk, seq = next_block, 30 + k
+                next_block += 1
+                if digit < 2:
+                    left -= 1
+                if digit == 1:
+                    kinds.append(EventKind.EVICT)
+                    seqs.append(-1), ids.append(blk), tokens.append(0)
+                    expected.append((time[0], i // 3, EventKind.EVICT, -1, left, 0, 1, [blk]))
+                kind = EventKind.CACHE if digit == 2 else EventKind.APPEND_BLOCK
+                num_tokens = k if digit == 2 else 1
+                kinds.append(kind)
+                seqs.append(seq), ids.append(blk), tokens.append(num_tokens)
+                expected.append((time[0], i // 3, kind, seq, left, num_tokens, 1, [blk]))
+            recorder.record_block_events(kinds, seqs, ids, tokens, free)
         else:
             recorder.record_step(StepKind.DECODE, a, 2 * a, free)
             expected.append((time[0], i // 3, EventKind.STEP, -1, free, 2 * a, 0, []))
