@@ -160,8 +160,9 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         pos[pos >= 0] -= head
         self._head = 0
 
-    def _push_front(self, blocks: list[int]) -> None:
-        """Put ``blocks`` at the front of the free queue, ``blocks[0]`` first."""
+    def _push_front(self, blocks: np.ndarray) -> None:
+        """Put ``blocks`` (an intp index array) at the front of the free queue, ``blocks[0]``
+        first."""
         k = len(blocks)
         if k > self._head:
             # Rebuild with room in front for as many blocks again as the queue holds.
@@ -172,18 +173,15 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             pos[pos >= 0] += room - self._head
             self._head = room
         head = self._head - k
-        self._free[head : self._head] = blocks
+        self._free[head : self._head] = blocks.tolist()
         self._head = head
-        self._queue_pos_np[np.array(blocks, dtype=np.intp)] = np.arange(
-            head, head + k, dtype=np.int32
-        )
+        self._queue_pos_np[blocks] = np.arange(head, head + k, dtype=np.int32)
 
-    def _push_back(self, blocks: list[int]) -> None:
+    def _push_back(self, blocks: np.ndarray) -> None:
+        """Put ``blocks`` (an intp index array) at the back of the free queue, in order."""
         start = len(self._free)
-        self._free.extend(blocks)
-        self._queue_pos_np[np.array(blocks, dtype=np.intp)] = np.arange(
-            start, start + len(blocks), dtype=np.int32
-        )
+        self._free.extend(blocks.tolist())
+        self._queue_pos_np[blocks] = np.arange(start, start + len(blocks), dtype=np.int32)
 
     # --- per sequence ------------------------------------------------------------------------
 
@@ -371,19 +369,22 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             b = int(index[np.argmax(counts < 0)])
             raise InvariantError(f"block {b} in sequence {seq.seq_id}'s table was already free")
         refs[index] = counts
-        released = index[counts == 0]
+        zero = counts == 0
+        # The usual case: nobody else holds any of the blocks (no boolean gather needed).
+        released = index if zero.all() else index[zero]
         if len(released):
             self._owners_np[released] = FREE_OWNER
             if self.enable_prefix_caching:
                 hashed = self._has_key[released]
-                front = released[~hashed].tolist()
-                back = released[hashed].tolist()
+                if hashed.all():
+                    self._push_back(released)
+                elif hashed.any():
+                    self._push_front(released[~hashed])
+                    self._push_back(released[hashed])
+                else:
+                    self._push_front(released)
             else:
-                front, back = released.tolist(), []
-            if front:
-                self._push_front(front)
-            if back:
-                self._push_back(back)
+                self._push_front(released)
         seq.block_table = []
         del self._seqs[seq.seq_id]
         if self.event_sink is not None:
