@@ -130,7 +130,7 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             hashed = self._has_key[index]
             if hashed.all():  # the usual case once the pool has cycled: every block cached
                 self._has_key[index] = False
-                self._evict(index)
+                self._evict(index, blocks)
             elif hashed.any():
                 evicted = index[hashed]
                 self._has_key[evicted] = False

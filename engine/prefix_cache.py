@@ -95,14 +95,16 @@ class PrefixCacheMixin:
         self._watch_keys: set[int] | None = None
         self._watch_hit = False
 
-    def _evict(self, block_ids: list[int] | np.ndarray) -> None:
+    def _evict(self, block_ids: list[int] | np.ndarray, as_list: list[int] | None = None) -> None:
         """Drop the keys of ``block_ids`` (cached free blocks being reused; a list, or an
-        intp index array) from the prefix cache and record their EVICT event; the caller
-        clears ``_has_key``."""
+        intp index array and optionally the same ids ``as_list``) from the prefix cache and
+        record their EVICT event; the caller clears ``_has_key``."""
         keys = self._drop_keys(block_ids)
         sink = self.event_sink
         if sink is not None and sink.prefix_cache_events:
-            ids = block_ids if isinstance(block_ids, list) else block_ids.tolist()
+            ids = as_list if as_list is not None else block_ids
+            if not isinstance(ids, list):
+                ids = ids.tolist()
             sink.record(EVICT, -1, self.get_num_free_blocks(), ids, 0)
             sink.record_hashes(keys)
 
