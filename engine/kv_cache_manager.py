@@ -165,8 +165,12 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         first."""
         k = len(blocks)
         if k > self._head:
-            # Rebuild with room in front for as many blocks again as the queue holds.
-            room = max(k, len(self._free) - self._head)
+            # Rebuild with room in front for these blocks and a quarter of the queue more.
+            # Not a whole queue's worth: with the list then half room, the next pop past
+            # 4,096 would compact it again, and a prefill-only workload (an admission and a
+            # free per request) rebuilt and compacted the whole list on every request
+            # (268 -> 100 us per admit + free of 63 blocks in an 8,000-block pool).
+            room = k + max(64, (len(self._free) - self._head) // 4)
             rest = self._free[self._head :]
             self._free = [_PAD] * room + rest
             pos = self._queue_pos_np

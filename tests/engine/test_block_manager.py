@@ -205,3 +205,54 @@ def test_the_free_queue_is_fifo_across_compactions(ops):
         assert bm.get_num_free_blocks() == len(model)
         assert bm.num_used_blocks == len(held)
     bm.check_invariants()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.booleans(), st.integers(1, 3000), st.integers(0, 3)), min_size=1, max_size=40
+    ),
+    caching=st.booleans(),
+)
+def test_the_v1_free_queue_keeps_vllms_order_across_compactions(ops, caching):
+    # vLLM's free queue (engine/kv_cache_manager.py) as a list read from a head index, with
+    # blocks put at the front into the room before it (rebuilt when there is none), hit
+    # blocks leaving from the middle, and compaction past 4,096 taken blocks; a deque is the
+    # model: takes from the left, a freed table reversed, its uncached blocks to the left as
+    # a group and its cached ones to the right.
+    from engine.prefix_keys import prefix_from_hash_ids
+
+    bm = BlockManager(num_blocks=9000, block_size=1, enable_prefix_caching=caching)
+    bm.use_v1_free_queue()
+    model = deque(range(9000))
+    held: list[Sequence] = []
+    for i, (admit, n, shared) in enumerate(ops):
+        if admit or not held:
+            # shared > 0: the prompt's first 64 tokens are shared prefix `shared`
+            prefix = prefix_from_hash_ids([shared] if shared else None, 64, n, 1)
+            seq = Sequence(i, range(n), SamplingParams(max_tokens=1), prefix=prefix)
+            hits = bm.find_cached_prefix(seq)
+            need = n - len(hits) + sum(1 for b in hits if b in model)
+            if need > len(model):
+                continue
+            for b in hits:
+                if b in model:
+                    model.remove(b)  # a cached free block hit leaves from the middle
+            assert bm.allocate_slots(
+                seq, n - len(hits), hits, full_sequence_tokens=n, watermark_blocks=0,
+                max_model_len=None,
+            )  # fmt: skip
+            new = seq.block_table[len(hits) :]
+            assert new == [model.popleft() for _ in new]
+            held.append(seq)
+        else:
+            seq = held.pop(n % len(held))
+            table = list(seq.block_table)
+            bm.free_sequence_v1(seq)
+            still_held = {b for s in held for b in s.block_table}
+            released = [b for b in reversed(table) if b not in still_held]
+            cached = [b for b in released if caching and bm._has_key[b]]
+            model.extendleft(reversed([b for b in released if b not in cached]))
+            model.extend(cached)
+        assert bm.get_num_free_blocks() == len(model)
+    bm.check_invariants()
