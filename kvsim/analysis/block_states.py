@@ -165,19 +165,21 @@ class BlockStateTracker:
         order = stable_order(block_ids, self.num_blocks)  # each block's rows together, in order
         ev = event[order]
         k = kind[ev]
-        b = block_ids[order]
-        m = len(b)
-        first = np.ones(m, dtype=bool)
-        first[1:] = b[1:] != b[:-1]
-        last = np.ones(m, dtype=bool)
-        last[:-1] = first[1:]
-        group_start = np.flatnonzero(first)
-        b_first = b[group_start]
+        # the blocks in order and their rows, counted (no gather of the sorted ids)
+        rows_of = np.bincount(block_ids, minlength=self.num_blocks)
+        b_first = np.flatnonzero(rows_of)
+        sizes = rows_of[b_first]
+        group_end = np.cumsum(sizes)
+        group_start = group_end - sizes
+        group_end -= 1
+        m = len(ev)
+        first = np.zeros(m, dtype=bool)
+        first[group_start] = True
         # reference count after each row: a cumulative sum per block from its carried count
         step = _REF_STEP[k]
         cs = np.cumsum(step, dtype=np.int64)
         base = cs[group_start] - step[group_start] - self._ref[b_first]
-        ref_after = cs - np.repeat(base, np.diff(np.append(group_start, m)))
+        ref_after = cs - np.repeat(base, sizes)
         # key after each row: the last CACHE (1) or EVICT (0) of the block so far, else carried
         sets = _SETS_KEY[k]
         value = k == EventKind.CACHE
@@ -198,10 +200,11 @@ class BlockStateTracker:
         delta -= np.bincount(ev[down], minlength=len(kind))
         if self.keep_transitions:
             moved = np.flatnonzero(change)
+            b = np.repeat(b_first, sizes)
             self._transitions.append((time_s[ev[moved]], b[moved], change[moved].astype(np.int64)))
         self._num_cached_free += len(up) - len(down)
-        self._ref[b[last]] = ref_after[last]
-        self._key[b[last]] = key_after[last]
+        self._ref[b_first] = ref_after[group_end]
+        self._key[b_first] = key_after[group_end]
 
     def transitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(time_s, block_id, change) of every block becoming cached, evictable (+1: freed
