@@ -155,7 +155,8 @@ class BlockStateTracker:
             self._is_pop.append(_IS_POP[kind[access_event]])
             self._segments.append(np.full(len(access_event), self._num_resets, dtype=np.int32))
         # Without any key, held or arriving, no block can be cached-evictable: only the
-        # reference counts move (a prefix-caching-off run: 1.0 s of sorting saved).
+        # reference counts move (azure_llm_2023_conv without prefix caching: 0.07 s of
+        # tracking instead of 0.93 s).
         if not self._key.any() and not counts[kind == EventKind.CACHE].any():
             step = _REF_STEP[kind[event]]
             self._ref += np.bincount(block_ids, weights=step, minlength=self.num_blocks).astype(
