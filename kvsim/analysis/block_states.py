@@ -32,11 +32,39 @@ from engine import EventKind
 from engine.events import Columns
 
 _POP_KINDS = (EventKind.ALLOCATE, EventKind.APPEND_BLOCK)
-_BLOCK_KINDS = np.array(
-    (*_POP_KINDS, EventKind.PREFIX_HIT, EventKind.FREE, EventKind.CACHE, EventKind.EVICT)
-)
+_BLOCK_KINDS = (*_POP_KINDS, EventKind.PREFIX_HIT, EventKind.FREE, EventKind.CACHE, EventKind.EVICT)
 # The last accesses a block remembers (vLLM's BlockMetricsState.access_history maxlen).
 ACCESS_HISTORY = 4
+
+
+def _kind_table(kinds: dict[EventKind, int], dtype: type = np.int8) -> np.ndarray:
+    """A lookup table indexed by EventKind code (cheaper than np.isin on every row)."""
+    table: np.ndarray = np.zeros(len(EventKind), dtype=dtype)
+    for kind, value in kinds.items():
+        table[kind] = value
+    return table
+
+
+_IS_BLOCK_KIND = _kind_table(dict.fromkeys(_BLOCK_KINDS, 1), bool)
+_IS_POP = _kind_table(dict.fromkeys(_POP_KINDS, 1), bool)
+_ACCESS_KINDS = (*_POP_KINDS, EventKind.PREFIX_HIT)
+_IS_ACCESS = _kind_table(dict.fromkeys(_ACCESS_KINDS, 1), bool)
+# A row's change of its block's reference count: a pop or a prefix hit adds a holder.
+_REF_STEP = _kind_table({**dict.fromkeys(_ACCESS_KINDS, 1), EventKind.FREE: -1})
+_SETS_KEY = _kind_table({EventKind.CACHE: 1, EventKind.EVICT: 1}, bool)
+
+
+def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for integer keys in ``[0, bound)``: numpy's stable
+    sort of 16-bit integers is a radix sort, so one or two 16-bit passes (least significant
+    first) beat its timsort of int64 (400k block ids: 9 ms against 36 ms)."""
+    if bound <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    if bound <= 1 << 32:
+        order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+        high = (keys[order] >> 16).astype(np.uint16)
+        return order[np.argsort(high, kind="stable")]
+    return np.argsort(keys, kind="stable")
 
 
 class BlockStateTracker:
@@ -109,51 +137,75 @@ class BlockStateTracker:
     ) -> None:
         """Events without a reset among them: fill ``delta`` (change of the cached-evictable
         count per event) and carry the blocks' states."""
-        event = np.repeat(np.arange(len(kind)), counts)
-        row_kind = np.repeat(kind, counts)
-        keep = np.isin(row_kind, _BLOCK_KINDS)
-        event, row_kind, blocks = event[keep], row_kind[keep], block_ids[keep].astype(np.int64)
-        if not len(blocks):
+        is_block = _IS_BLOCK_KIND[kind]
+        if counts[~is_block].any():  # drop the rows of events whose blocks change no state
+            block_ids = block_ids[np.repeat(is_block, counts)]
+            counts = np.where(is_block, counts, 0)
+        if not len(block_ids):
             return
-        self.num_evictions += int((row_kind == EventKind.EVICT).sum())
-        is_pop = np.isin(row_kind, _POP_KINDS)
+        block_ids = block_ids.astype(np.int64, copy=False)
+        # Rows refer to their event by index; per-row values are looked up through it.
+        event = np.repeat(np.arange(len(kind), dtype=np.int32), counts)
+        self.num_evictions += int(counts[kind == EventKind.EVICT].sum())
         if self.keep_residency:
-            access = is_pop | (row_kind == EventKind.PREFIX_HIT)
-            self._times.append(np.repeat(time_s, counts)[keep][access])
-            self._blocks.append(blocks[access].astype(np.int32))
-            self._is_pop.append(is_pop[access])
-            self._segments.append(np.full(int(access.sum()), self._num_resets, dtype=np.int32))
-        order = np.argsort(blocks, kind="stable")  # each block's rows together, in order
-        b, k = blocks[order], row_kind[order]
-        m = len(b)
-        first = np.ones(m, dtype=bool)
-        first[1:] = b[1:] != b[:-1]
-        last = np.ones(m, dtype=bool)
-        last[:-1] = first[1:]
-        step = np.where(is_pop[order] | (k == EventKind.PREFIX_HIT), 1, 0)
-        step = np.where(k == EventKind.FREE, -1, step)
+            access = np.repeat(_IS_ACCESS[kind], counts)
+            access_event = event[access]
+            self._times.append(time_s[access_event])
+            self._blocks.append(block_ids[access].astype(np.int32))
+            self._is_pop.append(_IS_POP[kind[access_event]])
+            self._segments.append(np.full(len(access_event), self._num_resets, dtype=np.int32))
+        # Without any key, held or arriving, no block can be cached-evictable: only the
+        # reference counts move (azure_llm_2023_conv without prefix caching: 0.07 s of
+        # tracking instead of 0.93 s).
+        if not self._key.any() and not counts[kind == EventKind.CACHE].any():
+            step = _REF_STEP[kind[event]]
+            self._ref += np.bincount(block_ids, weights=step, minlength=self.num_blocks).astype(
+                np.int64
+            )
+            return
+        order = stable_order(block_ids, self.num_blocks)  # each block's rows together, in order
+        ev = event[order]
+        k = kind[ev]
+        # the blocks in order and their rows, counted (no gather of the sorted ids)
+        rows_of = np.bincount(block_ids, minlength=self.num_blocks)
+        b_first = np.flatnonzero(rows_of)
+        sizes = rows_of[b_first]
+        group_end = np.cumsum(sizes)
+        group_start = group_end - sizes
+        group_end -= 1
+        m = len(ev)
+        first = np.zeros(m, dtype=bool)
+        first[group_start] = True
         # reference count after each row: a cumulative sum per block from its carried count
-        cs = np.cumsum(step)
-        group_start = np.flatnonzero(first)
-        base = (cs - step)[first] - self._ref[b[first]]
-        ref_after = cs - np.repeat(base, np.diff(np.append(group_start, m)))
-        ref_before = ref_after - step
+        step = _REF_STEP[k]
+        cs = np.cumsum(step, dtype=np.int64)
+        base = cs[group_start] - step[group_start] - self._ref[b_first]
+        ref_after = cs - np.repeat(base, sizes)
         # key after each row: the last CACHE (1) or EVICT (0) of the block so far, else carried
-        sets = (k == EventKind.CACHE) | (k == EventKind.EVICT)
-        value = np.where(sets, k == EventKind.CACHE, self._key[b])
-        pos = np.arange(m)
-        key_after = value[np.maximum.accumulate(np.where(sets | first, pos, 0))]
-        key_before = np.empty(m, dtype=bool)
-        key_before[1:] = key_after[:-1]
-        key_before[first] = self._key[b[first]]
-        change = ((ref_after == 0) & key_after).astype(np.int64) - ((ref_before == 0) & key_before)
-        delta += np.bincount(event[order], weights=change, minlength=len(kind)).astype(np.int64)
+        sets = _SETS_KEY[k]
+        value = k == EventKind.CACHE
+        value[group_start] = np.where(sets[group_start], value[group_start], self._key[b_first])
+        known = np.flatnonzero(sets | first)
+        key_after = np.repeat(value[known], np.diff(np.append(known, m)))
+        # cached-evictable (free, with a key) after each row; before it: after the row above
+        # in the block, or the carried state
+        cached_after = (ref_after == 0) & key_after
+        cached_before = np.empty(m, dtype=bool)
+        cached_before[1:] = cached_after[:-1]
+        cached_before[group_start] = (self._ref[b_first] == 0) & self._key[b_first]
+        change = cached_after.view(np.int8) - cached_before.view(np.int8)
+        # Count the +1s and -1s per event apart: integer bincounts (no float weights over
+        # every row; 190 ms of the run's 1.1 s before)
+        up, down = np.flatnonzero(change > 0), np.flatnonzero(change < 0)
+        delta += np.bincount(ev[up], minlength=len(kind))
+        delta -= np.bincount(ev[down], minlength=len(kind))
         if self.keep_transitions:
-            moved = change != 0
-            self._transitions.append((time_s[event[order][moved]], b[moved], change[moved]))
-        self._num_cached_free += int(change.sum())
-        self._ref[b[last]] = ref_after[last]
-        self._key[b[last]] = key_after[last]
+            moved = np.flatnonzero(change)
+            b = np.repeat(b_first, sizes)
+            self._transitions.append((time_s[ev[moved]], b[moved], change[moved].astype(np.int64)))
+        self._num_cached_free += len(up) - len(down)
+        self._ref[b_first] = ref_after[group_end]
+        self._key[b_first] = key_after[group_end]
 
     def transitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(time_s, block_id, change) of every block becoming cached, evictable (+1: freed
@@ -181,42 +233,35 @@ class BlockStateTracker:
         if not self._times:
             return empty, empty, empty
         t = np.concatenate(self._times)
-        b = np.concatenate(self._blocks).astype(np.int64)
+        key = np.concatenate(self._blocks).astype(np.int64)
         pop = np.concatenate(self._is_pop)
-        seg = np.concatenate(self._segments).astype(np.int64)
-        order = np.lexsort((np.arange(len(t)), b, seg))  # per (reset segment, block), in order
-        t, b, pop, seg = t[order], b[order], pop[order], seg[order]
+        if self._num_resets:  # group per (reset segment, block)
+            key += np.concatenate(self._segments).astype(np.int64) * self.num_blocks
+        order = stable_order(key, (self._num_resets + 1) * self.num_blocks)  # in time order
+        t, key, pop = t[order], key[order], pop[order]
         n = len(t)
         first = np.ones(n, dtype=bool)
-        first[1:] = (b[1:] != b[:-1]) | (seg[1:] != seg[:-1])
+        first[1:] = key[1:] != key[:-1]
         pos = np.arange(n)
         # the row of the pop that started each row's life (-1: none yet in this group)
         group_start = np.maximum.accumulate(np.where(first, pos, 0))
         life_start = np.maximum.accumulate(np.where(pop, pos, -1))
         life_start = np.where(life_start >= group_start, life_start, -1)
-        prev_life = np.full(n, -1)
+        prev_life = np.empty(n, dtype=np.int64)
         prev_life[1:] = life_start[:-1]
         prev_life[first] = -1
-        evicts = pop & (prev_life >= 0)  # a pop ending an earlier life
-        lifetime = t[evicts] - t[prev_life[evicts]]
-        idle = t[evicts] - t[pos[evicts] - 1]  # the row before: the last access or the pop
-        # Reuse gaps: between consecutive accesses (hits) of one life that an eviction ends,
-        # the last ACCESS_HISTORY of them.
-        hit = ~pop & (life_start >= 0)
-        ended = np.zeros(n, dtype=bool)  # the life this row belongs to ends in an eviction
-        ended_lives = prev_life[evicts]
-        life_ended = np.zeros(n, dtype=bool)
-        life_ended[ended_lives] = True
-        ended[hit] = life_ended[life_start[hit]]
-        hit_no = np.cumsum(hit)  # running count of hits, to number them within a life
-        base = np.zeros(n, dtype=np.int64)
-        base[life_start >= 0] = (hit_no - hit)[life_start[life_start >= 0]]
-        index_in_life = hit_no - base  # 1, 2, ... for the hits of a life
-        hits_in_life = np.zeros(n, dtype=np.int64)
-        life_rows = life_start[hit]
-        np.add.at(hits_in_life, life_rows, 1)
-        total = hits_in_life[np.where(life_start >= 0, life_start, 0)]
-        gap_row = hit & ended & (index_in_life >= 2)
-        gap_row &= index_in_life > total - (ACCESS_HISTORY - 1)
-        gaps = t[gap_row] - t[pos[gap_row] - 1]
+        evicts = np.flatnonzero(pop & (prev_life >= 0))  # pops ending an earlier life
+        life = prev_life[evicts]  # the row of the pop that started it
+        lifetime = t[evicts] - t[life]
+        idle = t[evicts] - t[evicts - 1]  # the row before: the last access or the pop
+        # Reuse gaps: between consecutive accesses of a life that an eviction ends, the last
+        # ACCESS_HISTORY of them. A life's rows are its pop and then its hits, up to the
+        # eviction, so its gaps end on the rows from life + 2 (its second hit) or
+        # evicts - (ACCESS_HISTORY - 1), whichever is later, to evicts - 1.
+        gap_from = np.maximum(life + 2, evicts - (ACCESS_HISTORY - 1))
+        num_gaps = np.maximum(evicts - gap_from, 0)
+        gap_start = np.cumsum(num_gaps) - num_gaps  # each life's first gap, in the output
+        offset = np.arange(int(num_gaps.sum())) - np.repeat(gap_start, num_gaps)
+        gap_row = np.repeat(gap_from, num_gaps) + offset
+        gaps = t[gap_row] - t[gap_row - 1]
         return lifetime, idle, gaps

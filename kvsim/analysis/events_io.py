@@ -72,13 +72,14 @@ def _exploded_columns(
         "num_tokens": column("num_tokens"),
     }
     if block_hashes is not None:
-        hashed = np.isin(out["kind"], HASHED_KINDS) & (expanded_blocks >= 0)
-        if int(hashed.sum()) != len(block_hashes):
-            raise ValueError(
-                f"{len(block_hashes)} block keys for {int(hashed.sum())} CACHE/EVICT blocks"
-            )
+        # which events carry keys, decided per event and then repeated: np.isin on every
+        # row took 45 ms of a 6.5M-row run's 450
+        hashed_events = np.isin(cols["kind"], HASHED_KINDS) & (counts > 0)
+        num_hashed = int(counts[hashed_events].sum())
+        if num_hashed != len(block_hashes):
+            raise ValueError(f"{len(block_hashes)} block keys for {num_hashed} CACHE/EVICT blocks")
         keys = np.zeros(len(expanded_blocks), dtype=np.int64)
-        keys[hashed] = block_hashes
+        keys[np.repeat(hashed_events, rows)] = block_hashes
         out["block_hash"] = keys
     return out
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import EventKind
-from kvsim.analysis.block_states import BlockStateTracker
+from kvsim.analysis.block_states import BlockStateTracker, stable_order
 from kvsim.config import RunConfig
 from kvsim.runner import RunResult, run
 
@@ -305,6 +305,49 @@ def test_block_states_are_the_same_however_the_events_are_chunked(
     assert tracker.num_evictions == result.summary["prefix_cache_evictions"]
     lifetime = tracker.residency_samples()[0]
     assert np.isclose(lifetime.mean(), result.summary["kv_block_lifetime_s"]["mean"])
+
+
+def test_block_states_are_the_same_for_block_ids_past_16_bits(
+    pressured_v1_run: RunResult,
+) -> None:
+    # a pool of more than 65,536 blocks takes the tracker's two-pass radix sort
+    cols, block_ids = result_columns(pressured_v1_run)
+    num_blocks = pressured_v1_run.summary["num_blocks"]
+    small, large = BlockStateTracker(num_blocks), BlockStateTracker(num_blocks + 100_000)
+    small.consume(cols, block_ids)
+    large.consume(cols, block_ids + 100_000)
+    np.testing.assert_array_equal(
+        large.cached_blocks_at_steps(10**9), small.cached_blocks_at_steps(10**9)
+    )
+    assert large.num_evictions == small.num_evictions
+    for a, b in zip(large.residency_samples(), small.residency_samples(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bound", [1, 7_515, 1 << 16, (1 << 16) + 1, 1 << 32, 1 << 40])
+def test_stable_order_is_numpys_stable_argsort(bound: int) -> None:
+    keys = np.random.default_rng(bound % 1000).integers(0, bound, 5_000)
+    np.testing.assert_array_equal(stable_order(keys, bound), np.argsort(keys, kind="stable"))
+
+
+def test_a_block_cached_after_keyless_chunks_keeps_its_reference_count() -> None:
+    # Chunks without any key take a shortcut that only carries reference counts: block 2,
+    # allocated twice (a prefix hit) before any key exists, is cached-evictable only once
+    # both holders freed it.
+    k = EventKind
+    tracker = BlockStateTracker(4)
+    chunks = [
+        ([k.ALLOCATE, k.STEP, k.PREFIX_HIT, k.STEP], [1, 0, 1, 0], [2, 2]),
+        ([k.CACHE, k.FREE, k.STEP, k.FREE, k.STEP], [1, 1, 0, 1, 0], [2, 2, 2]),
+    ]
+    for kinds, counts, blocks in chunks:
+        cols = {
+            "kind": np.array(kinds, dtype=np.int8),
+            "num_blocks": np.array(counts, dtype=np.int32),
+            "time_s": np.arange(len(kinds), dtype=np.float64),
+        }
+        tracker.consume(cols, np.array(blocks, dtype=np.int64))
+    np.testing.assert_array_equal(tracker.cached_blocks_at_steps(4), [0, 0, 0, 1])
 
 
 def result_columns(result: RunResult) -> tuple[dict[str, np.ndarray], np.ndarray]:
