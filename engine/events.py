@@ -3,13 +3,13 @@
 The engine does not know time. An ``EventRecorder`` is given a clock callable (the simulator
 passes ``lambda: env.now``) and stamps each event with it. Recording appends to typed column
 arrays, not one object per event, so a million-step run stays cheap; with no sink attached the
-engine pays one ``is None`` check per event site.
+engine pays one ``is None`` check per event site. The kinds live in engine/event_kinds.py, the
+packed rows and their expansion in engine/event_rows.py; this module re-exports their public
+names.
 """
 
 from __future__ import annotations
 
-import enum
-import struct
 from array import array
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as BlockIds
@@ -17,42 +17,39 @@ from typing import Protocol
 
 import numpy as np
 
+from engine.event_kinds import NO_SEQ, EventKind, StepKind
+from engine.event_rows import (
+    _APPEND_RUN,
+    _BLOCK_RUN,
+    _DECODE,
+    _DECODE_STEP,
+    _ROW,
+    _STEP,
+    EVENT_COLUMNS,
+    EVENT_DTYPES,
+    STEP_COLUMNS,
+    STEP_DTYPES,
+    BlockRunColumns,
+    ChunkCallback,
+    Columns,
+    empty_columns,
+    event_records,
+    merge_chunks,
+)
 
-class EventKind(enum.IntEnum):
-    """What happened. Stored as small integers in the recorder's columns."""
-
-    ARRIVE = 0  # add_request: the sequence entered the waiting queue
-    ADMIT = 1  # first prefill scheduled
-    RESUME = 2  # prefill scheduled again after a preemption (recompute)
-    ALLOCATE = 3  # blocks allocated for a prefill
-    APPEND_BLOCK = 4  # one block appended for a decode token
-    FREE = 5  # blocks returned to the free list
-    PREEMPT = 6  # running sequence evicted (recompute mode); v1: num_tokens = its tokens
-    FINISH = 7  # finished by EOS, stop token or length
-    ABORT = 8  # cancelled by the caller
-    REJECT = 9  # can never fit (pool, max_model_len or token budget)
-    STEP = 10  # one scheduled step (prefill or decode)
-    # Prefix caching (v1 scheduler only). With record_hashes (below) these carry what a
-    # vLLM-style KV-event export needs: CACHE is BlockStored, EVICT is BlockRemoved,
-    # CACHE_RESET is AllBlocksCleared.
-    PREFIX_HIT = 11  # admission served num_tokens tokens from the cache: block_ids are the hits
-    CACHE = 12  # block_ids were cached under their keys; num_tokens = table index of the first
-    EVICT = 13  # block_ids, free and cached, were taken for reuse: their keys left the cache
-    CACHE_RESET = 14  # reset_prefix_cache(): every key left the cache
-
-
-class StepKind(enum.IntEnum):
-    """What a scheduled step runs."""
-
-    PREFILL = 0
-    DECODE = 1
-    MIXED = 2  # v1: decodes and prefill chunks in one step
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-
-NO_SEQ = -1
+__all__ = [
+    "EVENT_COLUMNS",
+    "EVENT_DTYPES",
+    "NO_SEQ",
+    "STEP_COLUMNS",
+    "STEP_DTYPES",
+    "ChunkCallback",
+    "Columns",
+    "EventKind",
+    "EventRecorder",
+    "EventSink",
+    "StepKind",
+]
 
 
 class EventSink(Protocol):
@@ -113,134 +110,6 @@ def _zero_clock() -> float:
     return 0.0
 
 
-EVENT_COLUMNS = ("time_s", "step", "kind", "seq_id", "free_blocks", "num_tokens", "num_blocks")
-# int32 where it is ample (steps, sequence ids, block and token counts): a million-request run
-# keeps tens of millions of event rows in memory.
-EVENT_DTYPES = ("f8", "i4", "i1", "i4", "i4", "i4", "i4")
-STEP_COLUMNS = ("time_s", "step", "kind", "num_seqs", "num_batched_tokens", "free_blocks")
-STEP_DTYPES = ("f8", "i8", "i1", "i8", "i8", "i8")
-
-Columns = dict[str, np.ndarray]
-ChunkCallback = Callable[[Columns, np.ndarray], None]
-
-
-# How the recorder stores a row until it packs a chunk: the columns above, packed without
-# padding. One struct.pack per event and a zero-copy view when packing cost about a third of
-# a list of tuples turned into a record array (which converted every field of every tuple).
-_ROW = struct.Struct("<dibiiii")
-_ROW_RECORD = np.dtype(
-    {
-        "names": list(EVENT_COLUMNS),
-        "formats": ["<f8", "<i4", "i1", "<i4", "<i4", "<i4", "<i4"],
-        "offsets": [0, 8, 12, 13, 17, 21, 25],
-        "itemsize": _ROW.size,
-    }
-)
-# Rows that stand for several events, expanded when packing; they never leave the recorder.
-# A run of APPEND_BLOCK events (record_appends): its seq_id column holds the run's length,
-# the run's sequence ids are kept aside.
-_APPEND_RUN = -1
-# A decode step (record_decode_step): its appends as a run, then its STEP event; seq_id and
-# num_blocks hold the number of appends, free_blocks the count after them, num_tokens the
-# step's tokens.
-_DECODE_STEP = -2
-# A run of single-block APPEND_BLOCK / EVICT / CACHE events (record_block_events): seq_id
-# holds the run's length, free_blocks the count before it; kinds, sequence ids and token
-# counts are kept aside. One row per pass instead of one or two sink calls per block: a v1
-# decode step with prefix caching takes, evicts and caches blocks for a tenth of its batch.
-_BLOCK_RUN = -3
-_STEP = int(EventKind.STEP)
-_APPEND_BLOCK = int(EventKind.APPEND_BLOCK)
-_EVICT = int(EventKind.EVICT)
-_DECODE = int(StepKind.DECODE)
-
-
-def _empty_columns(names: tuple[str, ...], dtypes: tuple[str, ...]) -> Columns:
-    return {n: np.empty(0, dtype=d) for n, d in zip(names, dtypes)}
-
-
-def _event_records(
-    rows: bytes | bytearray, run_seq_ids: list[int], block_run: _BlockRunColumns | None = None
-) -> np.ndarray:
-    """The recorded rows (packed ``_ROW`` structs) as one record array, each APPEND run,
-    decode-step row and block run expanded into its events with vectorised numpy."""
-    records = np.frombuffer(rows, dtype=_ROW_RECORD)
-    kind = records["kind"]
-    is_run = kind == _APPEND_RUN
-    is_decode = kind == _DECODE_STEP
-    is_block_run = kind == _BLOCK_RUN if block_run is not None else None
-    if not run_seq_ids and not is_decode.any() and is_block_run is None:
-        return records
-    num_appends = np.where(is_run | is_decode, records["seq_id"], 0)
-    # a run row is only its appends; a decode row ends in STEP; a block run is its events
-    counts = num_appends + ~is_run
-    if is_block_run is not None:
-        counts = np.where(is_block_run, records["seq_id"], counts)
-    # free_blocks after each group's first append; each later one has one fewer
-    first_free = records["free_blocks"] + np.where(is_decode, num_appends - 1, 0)
-    records = np.repeat(records, counts)
-    offset = np.arange(len(records)) - np.repeat(np.cumsum(counts) - counts, counts)
-    is_append = offset < np.repeat(num_appends, counts)
-    closes_decode = np.repeat(is_decode, counts) & ~is_append
-    records["kind"][is_append] = _APPEND_BLOCK
-    records["seq_id"][is_append] = run_seq_ids
-    records["free_blocks"][is_append] = (np.repeat(first_free, counts) - offset)[is_append]
-    records["num_tokens"][is_append] = 1
-    records["num_blocks"][is_append] = 1
-    records["kind"][closes_decode] = _STEP
-    records["seq_id"][closes_decode] = NO_SEQ
-    records["num_blocks"][closes_decode] = 0
-    if is_block_run is not None and block_run is not None:
-        in_run = np.repeat(is_block_run, counts)
-        kinds = np.frombuffer(block_run.kinds, dtype=np.int8)
-        appends = kinds == _APPEND_BLOCK
-        takes = appends | (kinds == _EVICT)  # an EVICT comes right before its take
-        # blocks taken before each event of its run (a run's events are contiguous)
-        taken = np.cumsum(appends) - appends
-        first = offset[in_run] == 0
-        taken -= np.repeat(taken[first], counts[is_block_run])
-        records["kind"][in_run] = kinds
-        records["seq_id"][in_run] = np.frombuffer(block_run.seq_ids, dtype=np.int32)
-        records["num_tokens"][in_run] = np.frombuffer(block_run.num_tokens, dtype=np.int32)
-        records["num_blocks"][in_run] = 1
-        records["free_blocks"][in_run] -= taken + takes
-    return records
-
-
-class _BlockRunColumns:
-    """The per-event columns of the block runs in a recorder's unpacked rows."""
-
-    __slots__ = ("kinds", "num_tokens", "seq_ids")
-
-    def __init__(self) -> None:
-        self.kinds = array("b")
-        self.seq_ids = array("i")
-        self.num_tokens = array("i")
-
-    def __len__(self) -> int:
-        return len(self.kinds)
-
-
-def _merge(chunks: list[tuple[Columns, np.ndarray]]) -> tuple[Columns, np.ndarray]:
-    """Concatenate ``chunks`` (emptying the list as it goes), so the peak is the merged
-    columns plus one chunk rather than twice every event."""
-    names = list(chunks[0][0])
-    num_events = sum(len(c[names[0]]) for c, _ in chunks)
-    num_blocks = sum(len(b) for _, b in chunks)
-    merged = {n: np.empty(num_events, dtype=chunks[0][0][n].dtype) for n in names}
-    block_ids = np.empty(num_blocks, dtype=np.int64)
-    at = block_at = 0
-    chunks.reverse()
-    while chunks:
-        chunk, blocks = chunks.pop()
-        end = at + len(chunk[names[0]])
-        for n in names:
-            merged[n][at:end] = chunk[n]
-        block_ids[block_at : block_at + len(blocks)] = blocks
-        at, block_at = end, block_at + len(blocks)
-    return merged, block_ids
-
-
 class EventRecorder:
     """An ``EventSink`` that keeps events as compact columns.
 
@@ -287,7 +156,7 @@ class EventRecorder:
         self._block_ids: list[int] = []  # a list: extending it from a block table is a memcpy
         self._run_seq_ids: list[int] = []  # the sequences of the APPEND runs in _rows
         self._num_runs = 0  # APPEND run rows in _rows
-        self._block_run = _BlockRunColumns()  # the events of the block runs in _rows
+        self._block_run = BlockRunColumns()  # the events of the block runs in _rows
         self._num_block_runs = 0
         self._chunks: list[tuple[Columns, np.ndarray]] = []
         self._num_packed = 0
@@ -416,10 +285,10 @@ class EventRecorder:
     def _pack(self) -> None:
         if self._rows:
             block_run = self._block_run if self._num_block_runs else None
-            records = _event_records(self._rows, self._run_seq_ids, block_run)
+            records = event_records(self._rows, self._run_seq_ids, block_run)
             chunk = {n: records[n].copy() for n in EVENT_COLUMNS}
         else:
-            chunk = _empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
+            chunk = empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
         block_ids = np.fromiter(self._block_ids, dtype=np.int64, count=len(self._block_ids))
         self._num_packed += len(chunk["kind"])
         self._rows = bytearray()
@@ -427,7 +296,7 @@ class EventRecorder:
         self._run_seq_ids = []
         self._num_runs = 0
         if self._num_block_runs:
-            self._block_run = _BlockRunColumns()
+            self._block_run = BlockRunColumns()
             self._num_block_runs = 0
         if self._step_kinds:
             is_step = chunk["kind"] == _STEP
@@ -471,19 +340,19 @@ class EventRecorder:
         ``keep_block_ids``) and the flat block ids (empty without ``keep_block_ids``)."""
         self.flush()
         if not self._chunks:
-            empty = _empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
+            empty = empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
             if not self.keep_block_ids:
                 empty["first_block"] = np.empty(0, dtype=np.int32)
             return empty, np.empty(0, dtype=np.int64)
         if len(self._chunks) > 1:
-            self._chunks = [_merge(self._chunks)]
+            self._chunks = [merge_chunks(self._chunks)]
         return self._chunks[0]
 
     def step_columns(self) -> Columns:
         """One row per STEP event (``STEP_COLUMNS``), whatever ``keep_kinds`` says."""
         self.flush()
         if not self._step_chunks:
-            return _empty_columns(STEP_COLUMNS, STEP_DTYPES)
+            return empty_columns(STEP_COLUMNS, STEP_DTYPES)
         merged = {n: np.concatenate([c[n] for c in self._step_chunks]) for n in STEP_COLUMNS}
         self._step_chunks = [merged]
         return merged
