@@ -115,8 +115,8 @@ class PrefixCacheMixin:
             self._private_c[b] = 0
         else:
             entry = self._cached.pop(key)
-            if entry.__class__ is not int:
-                self._unshare(key, entry, b)  # type: ignore[arg-type]
+            if isinstance(entry, list):  # several blocks hold this content
+                self._unshare(key, entry, b)
         self.num_evictions += 1
         return key
 
@@ -144,8 +144,8 @@ class PrefixCacheMixin:
         else:
             for b, key in zip(in_map.tolist(), self._block_key[in_map].tolist()):
                 entry = cached.pop(key)
-                if entry.__class__ is not int:  # several blocks hold this content
-                    self._unshare(key, entry, b)  # type: ignore[arg-type]
+                if isinstance(entry, list):  # several blocks hold this content
+                    self._unshare(key, entry, b)
         self.num_evictions += len(keys)
         return keys
 
