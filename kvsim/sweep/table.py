@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
-from kvsim.analysis.metrics import PERCENTILES
+from kvsim.analysis.load import PERCENTILES
 from kvsim.costmodel import BatchShape
 from kvsim.runner import RunResult, build_cost_model
 from kvsim.sweep.spec import KV_SLOTS, SweepPoint, SweepSpec
