@@ -77,15 +77,9 @@ class KVCacheManagerMixin(PrefixCacheMixin):
 
     # --- free queue --------------------------------------------------------------------------
 
-    def _pop_free(self, n: int) -> list[int]:
-        """Take ``n`` blocks from the front of the free queue (ref count 1 each), evicting
-        the cached ones among them."""
-        if n == 1:
-            return [self._take_block()]
-        return self._pop_blocks(n)[0]
-
     def _take_block(self) -> int:
-        """``_pop_free(1)``: the block at the front of the free queue."""
+        """Take the block at the front of the free queue (ref count 1), evicting it if it
+        is cached."""
         b = self._front_block()
         if self._has_key_c[b]:
             self._has_key_c[b] = 0
@@ -97,11 +91,10 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         free, head = self._free, self._head
         b = free[head]
         pos = self._queue_pos
-        if self._num_stale and pos[b] != head:
-            while pos[b] != head:  # _pop_live(1): skip the dead entries
-                self._num_stale -= 1
-                head += 1
-                b = free[head]
+        while pos[b] != head:  # a dead entry (its block left from the middle): skip it
+            self._num_stale -= 1
+            head += 1
+            b = free[head]
         self._head = head + 1
         if head > 4096 and head * 2 > len(free):
             self._compact()
@@ -110,7 +103,8 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         return b
 
     def _pop_blocks(self, n: int) -> tuple[list[int], np.ndarray]:
-        """``_pop_free(n)`` for n > 1, with the blocks as an index array too."""
+        """Take ``n`` > 1 blocks from the front of the free queue (ref count 1 each),
+        evicting the cached ones among them; returns them as a list and as an index array."""
         free, head = self._free, self._head
         end = head + n
         blocks = free[head:end]
