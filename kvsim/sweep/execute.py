@@ -19,7 +19,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -120,21 +119,25 @@ def _serial(tasks: list[Task], on_done: OnDone) -> None:
 def _pool_context() -> multiprocessing.context.BaseContext:
     # forkserver: workers fork from a clean, single-threaded server that imported kvsim once.
     if sys.platform.startswith("linux"):
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(
             ["kvsim.sweep.execute", "kvsim.runner", "kvsim.outputs.run_folder"]
         )
-        # Started with SIGINT ignored, which the server and its workers inherit: Ctrl-C goes
-        # to the whole process group, and only the driver should act on it (the server would
-        # print a KeyboardInterrupt traceback while it imports kvsim).
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                forkserver.ensure_running()
-            finally:
-                signal.signal(signal.SIGINT, previous)
+        # Started with SIGINT blocked, which the server and its workers inherit (a signal mask
+        # survives exec): Ctrl-C goes to the whole process group, and only the driver should
+        # act on it (the server would print a KeyboardInterrupt traceback while it imports
+        # kvsim). Blocked, not ignored: a Ctrl-C in the meantime stays pending in the driver
+        # and arrives when its mask is restored (ignored, it was lost and the sweep ran on).
+        # The resource tracker first: starting it unblocks SIGINT (it protects its own
+        # process the same way), which would let the server start unprotected.
+        resource_tracker.ensure_running()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         return ctx
     return multiprocessing.get_context("spawn")
 

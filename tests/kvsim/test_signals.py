@@ -153,3 +153,19 @@ def test_after_sigkill_the_next_run_removes_what_was_left(tmp_path: Path) -> Non
     again = start("run", "--until", "1", "--no-plots", "--out", "runs/r", cwd=tmp_path)
     assert finished(again)[0] == 0
     assert names(tmp_path / "runs") == ["r"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forkserver is Linux's")
+def test_a_ctrl_c_while_the_forkserver_starts_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server starts with SIGINT kept from it; a Ctrl-C in that moment must still reach
+    # the driver (it was once ignored there too, and the sweep ran on to its end).
+    from multiprocessing import forkserver
+
+    from kvsim.sweep import execute
+
+    def start_interrupted() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(forkserver, "ensure_running", start_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        execute._pool_context()
