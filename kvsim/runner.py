@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from engine import Scheduler, SchedulerConfig
 from engine.events import ChunkCallback, Columns
@@ -18,8 +17,9 @@ from engine.prefix_keys import PrefixSource, prefix_from_hash_ids
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
-from kvsim.analysis.metrics import events_frame, mark_events, requests_frame, steps_frame, summarize
+from kvsim.analysis.metrics import events_frame, mark_events, requests_table, steps_table, summarize
 from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
+from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits, parse_step_time, scheduling_limits
 from kvsim.costmodel import (
     CostModel,
@@ -42,19 +42,45 @@ from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass(slots=True)
 class RunResult:
-    """Everything a run folder holds, in memory."""
+    """Everything a run folder holds, in memory. The tables are numpy columns
+    (``kvsim.analysis.table.Table``); ``requests``, ``steps`` and ``marks`` give them as
+    DataFrames, built (and pandas imported) on first use."""
 
     config: RunConfig
     resolved: dict[str, Any]  # what the options resolved to (num_blocks, model, gpu, ...)
     summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    requests_table: Table
+    steps_table: Table
     events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
     events_path: Path | None = None
-    marks: pd.DataFrame | None = None  # PREEMPT and REJECT events, for the plots
+    marks_table: Table | None = None  # PREEMPT and REJECT events, for the plots
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
+
+    def _frame(self, name: str, table: Table) -> pd.DataFrame:
+        if name not in self._frames:
+            self._frames[name] = table.to_pandas()
+        return self._frames[name]
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """requests.parquet's rows: one per submitted request."""
+        return self._frame("requests", self.requests_table)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """steps.parquet's rows: one per executed step."""
+        return self._frame("steps", self.steps_table)
+
+    @property
+    def marks(self) -> pd.DataFrame | None:
+        """PREEMPT and REJECT events (time_s, kind, seq_id, free_blocks), for the plots."""
+        return None if self.marks_table is None else self._frame("marks", self.marks_table)
 
 
 def scheduler_config(
@@ -364,7 +390,7 @@ def simulate(
         if writer is not None:
             writer.close()
     steps = add_kv_breakdown(
-        steps_frame(result, v1=v1), result, config.allocator, max_model_len, usage,
+        steps_table(result, v1=v1), result, config.allocator, max_model_len, usage,
         v1=v1, block_states=block_states,
     )  # fmt: skip
     adm = prefix_cache = None
@@ -372,7 +398,7 @@ def simulate(
         prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
         adm = admissions(result.recorder.columns()[0], prompt)
         prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
-    requests = requests_frame(result, steps, adm)
+    requests = requests_table(result, steps, adm)
     events = events_frame(result, block_hashes=keyed) if not streamed else None
     summary = summarize(
         result, requests, steps,

@@ -187,3 +187,31 @@ def test_the_cli_starts_without_the_heavy_libraries() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_cost_mode_run_without_plots_imports_no_pandas(tmp_path: Path) -> None:
+    """`kvsim run --no-plots` computes its tables on numpy columns and writes them through
+    pyarrow (kvsim.analysis.table): importing pandas would cost it 0.3-0.5 s of its 1.0 s
+    (issue 13); matplotlib, scipy and torch belong to the plots, calibration and engine mode."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            f'{{"request_id": "r{i}", "arrival_time_s": {i / 4}, "prompt_tokens": {40 + i}, '
+            f'"output_tokens": {3 + i}}}\n'
+            for i in range(6)
+        )
+    )
+    code = (
+        "import sys\n"
+        "from kvsim.cli import main\n"
+        f"sys.argv = ['kvsim', 'run', {str(trace)!r}, '--no-plots', '--out', "
+        f"{str(tmp_path / 'run')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'pandas', 'matplotlib', 'scipy', 'torch'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    assert (tmp_path / "run" / "requests.parquet").is_file()

@@ -12,15 +12,19 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine import EventKind
 from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns, EventRecorder
+from kvsim.analysis.table import dictionary_array, numeric_array
 from kvsim.errors import KvsimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EVENT_KIND_NAMES = [k.name for k in EventKind]
 KeyedChunkCallback = Callable[[Columns, np.ndarray, np.ndarray], None]
@@ -88,12 +92,11 @@ def exploded_frame(
     cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
 ) -> pd.DataFrame:
     """events.parquet's rows as a DataFrame (kind categorical, by name)."""
+    import pandas as pd  # here: the run itself writes Arrow and needs no pandas
+
     columns = _exploded_columns(cols, block_ids, block_hashes)
     kind = pd.Categorical.from_codes(columns["kind"], EVENT_KIND_NAMES)
     return pd.DataFrame({**columns, "kind": kind})
-
-
-_KIND_DICTIONARY = pa.array(EVENT_KIND_NAMES, type=pa.string())
 
 
 def exploded_table(
@@ -105,9 +108,9 @@ def exploded_table(
     columns = _exploded_columns(cols, block_ids, block_hashes)
     return pa.table(
         {
-            name: pa.DictionaryArray.from_arrays(pa.array(column), _KIND_DICTIONARY)
+            name: dictionary_array(column, EVENT_KIND_NAMES)
             if name == "kind"
-            else pa.array(column)
+            else numeric_array(column)
             for name, column in columns.items()
         }
     )

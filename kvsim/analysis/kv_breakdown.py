@@ -29,13 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from engine import EventKind
 from engine.buddy import BuddyAllocator, order_of
 from engine.contiguous import POLICIES, Policy, reservation_tokens
 from engine.events import Columns
 from kvsim.analysis.block_states import BlockStateTracker
+from kvsim.analysis.table import Table, TableLike, column
 from kvsim.sim.simulation import SimResult
 from workloads import Request
 
@@ -237,7 +237,7 @@ def _external_contiguous(
 
 
 def add_kv_breakdown(
-    steps: pd.DataFrame,
+    steps: Table,
     result: SimResult,
     allocator: str,
     max_model_len: int | None,
@@ -245,7 +245,7 @@ def add_kv_breakdown(
     *,
     v1: bool = False,
     block_states: BlockStateTracker | None = None,
-) -> pd.DataFrame:
+) -> Table:
     """Add ``reserved_slots``, ``internal_frag_slots``, ``external_frag_slots`` and
     ``free_slots`` to ``steps`` (in place; also returned). With ``filled_slots`` they sum to
     the pool's slots at every step.
@@ -281,47 +281,49 @@ def add_kv_breakdown(
         raise ValueError(f"unknown allocator {allocator!r}")
     if len(usable) != n:
         raise ValueError(f"KV usage known for {len(usable)} of {n} steps: events were lost")
-    allocated = steps["allocated_slots"].to_numpy()
-    filled = steps["filled_slots"].to_numpy()
+    allocated = steps["allocated_slots"]
+    filled = steps["filled_slots"]
     cached = np.zeros(n, dtype=np.int64)
     if v1 and paged_usage is not None:
         # Each extra reference to a shared block was counted in the U and the filled tokens
         # of every sequence holding it; a shared block is full (only full blocks are cached).
-        held = result.num_blocks - steps["free_blocks"].to_numpy()
+        held = result.num_blocks - steps["free_blocks"]
         extra = (paged_usage.refs_at_steps(n) - held) * result.block_size
         usable = usable - extra
         filled = filled - extra
-        steps["filled_slots"] = filled
+        steps.columns["filled_slots"] = filled
         if block_states is None:
             block_states = BlockStateTracker(result.num_blocks)
             block_states.consume(*result.recorder.columns())
         cached_blocks = block_states.cached_blocks_at_steps(n)
-        steps.insert(int(steps.columns.get_loc("free_blocks")) + 1, "cached_blocks", cached_blocks)
+        columns = list(steps.columns.items())
+        after = [name for name, _ in columns].index("free_blocks") + 1
+        steps.columns = dict([*columns[:after], ("cached_blocks", cached_blocks), *columns[after:]])
         cached = cached_blocks * result.block_size
-    steps["reserved_slots"] = usable - filled
-    steps["internal_frag_slots"] = allocated - usable
-    steps["external_frag_slots"] = external
+    steps.columns["reserved_slots"] = usable - filled
+    steps.columns["internal_frag_slots"] = allocated - usable
+    steps.columns["external_frag_slots"] = external
     if v1:
-        steps["cached_slots"] = cached
-    steps["free_slots"] = total - allocated - external - cached
+        steps.columns["cached_slots"] = cached
+    steps.columns["free_slots"] = total - allocated - external - cached
     return steps
 
 
 def breakdown_means(
-    steps: pd.DataFrame, total_slots: int, weights: np.ndarray | None = None
+    steps: TableLike, total_slots: int, weights: np.ndarray | None = None
 ) -> dict[str, Any]:
     """Time-averaged shares of all slots (weights: step durations, or ``weights``, e.g. cut
     at ``--until``); they sum to 1. A v1 run's steps (with ``cached_slots``) add
     ``kv_cached_share_mean`` before ``kv_free_share_mean``."""
-    w = steps["duration_s"].to_numpy() if weights is None else np.asarray(weights)
+    w = column(steps, "duration_s") if weights is None else np.asarray(weights)
     busy = float(w.sum())
     out: dict[str, Any] = {}
     pairs = list(zip(SUMMARY_FIELDS, COLUMNS))
     if CACHED_COLUMN in steps:
         pairs.insert(len(pairs) - 1, (CACHED_FIELD, CACHED_COLUMN))
-    for field, column in pairs:
-        if column not in steps or busy <= 0 or total_slots <= 0:
-            out[field] = 0.0 if column in steps else None
+    for field, name in pairs:
+        if name not in steps or busy <= 0 or total_slots <= 0:
+            out[field] = 0.0 if name in steps else None
             continue
-        out[field] = float((steps[column].to_numpy() * w).sum() / (busy * total_slots))
+        out[field] = float((column(steps, name) * w).sum() / (busy * total_slots))
     return out

@@ -3,7 +3,8 @@ rejections by reason, inter-token latency, and how noisy measured step times are
 {mean, p50, p90, p99} summaries summary.json gives latencies as.
 
 Definitions: docs/metrics.md ("Overload", "Rejections", "ITL", "Timing"). Everything here is
-computed from requests.parquet and steps.parquet.
+computed from requests.parquet's and steps.parquet's columns: a ``Table`` or a DataFrame
+(``kvsim.analysis.table``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
+
+from kvsim.analysis.table import TableLike, column, is_label
 
 # Overload is not judged on fewer requests than this (a handful proves nothing).
 MIN_REQUESTS_FOR_OVERLOAD = 20
@@ -20,17 +22,17 @@ MIN_REQUESTS_FOR_OVERLOAD = 20
 MIN_STEPS_PER_BATCH_SIZE = 5
 
 
-def _waiting_at(requests: pd.DataFrame, t: float) -> int:
+def _waiting_at(requests: TableLike, t: float) -> int:
     """Requests arrived by ``t`` and not yet admitted, rejected or aborted from the queue."""
-    arrival = requests["arrival_time_s"].to_numpy(dtype=float)
-    admit = requests["admit_time_s"].to_numpy(dtype=float)
-    end = requests["finish_time_s"].to_numpy(dtype=float)
-    left = np.isnan(admit) & requests["status"].isin(["rejected", "aborted"]).to_numpy()
+    arrival = column(requests, "arrival_time_s", float)
+    admit = column(requests, "admit_time_s", float)
+    end = column(requests, "finish_time_s", float)
+    left = np.isnan(admit) & is_label(requests, "status", ("rejected", "aborted"))
     left &= end <= t
     return int((arrival <= t).sum() - (admit <= t).sum() - left.sum())
 
 
-def overload(requests: pd.DataFrame, sim_end_s: float, *, closed_loop: bool) -> dict[str, Any]:
+def overload(requests: TableLike, sim_end_s: float, *, closed_loop: bool) -> dict[str, Any]:
     """``saturated`` and the numbers behind it (docs/metrics.md, "Overload").
 
     Over the arrival window (first to last arrival, cut at the run's end), an open-loop run is
@@ -39,9 +41,11 @@ def overload(requests: pd.DataFrame, sim_end_s: float, *, closed_loop: bool) -> 
     worth of arrivals (offered rate x median service time): the queue grows through the run,
     so latencies measure how long the run lasted, not the engine. A closed loop never is:
     its users wait for their answers before sending more."""
-    arrival = np.sort(requests["arrival_time_s"].to_numpy(dtype=float))
-    finished = requests[requests["status"] == "finished"]
-    service = (finished["e2e_latency_s"] - finished["queueing_delay_s"]).to_numpy(dtype=float)
+    arrival = np.sort(column(requests, "arrival_time_s", float))
+    finished = is_label(requests, "status", "finished")
+    service = (
+        column(requests, "e2e_latency_s", float) - column(requests, "queueing_delay_s", float)
+    )[finished]
     service_p50 = float(np.median(service)) if len(service) else None
     out: dict[str, Any] = {
         "saturated": False,
@@ -56,7 +60,7 @@ def overload(requests: pd.DataFrame, sim_end_s: float, *, closed_loop: bool) -> 
         return out
     start, end = float(arrival[0]), min(float(arrival[-1]), sim_end_s)
     if sim_end_s > start:
-        out["served_rate_per_s"] = len(finished) / (sim_end_s - start)
+        out["served_rate_per_s"] = int(finished.sum()) / (sim_end_s - start)
     if closed_loop or len(arrival) < MIN_REQUESTS_FOR_OVERLOAD or end <= start:
         return out
     offered = int((arrival <= end).sum()) / (end - start)
@@ -72,24 +76,26 @@ def overload(requests: pd.DataFrame, sim_end_s: float, *, closed_loop: bool) -> 
     return out
 
 
-def _queueing_share(requests: pd.DataFrame) -> float | None:
+def _queueing_share(requests: TableLike) -> float | None:
     """Median queueing delay over median TTFT, for the last quarter of arrivals that got a
     first token: near 1 when TTFT is mostly waiting in the queue."""
-    got = requests.dropna(subset=["ttft_s"]).sort_values("arrival_time_s", kind="stable")
-    last = got.iloc[-max(1, len(got) // 4) :] if len(got) else got
-    ttft = float(last["ttft_s"].median()) if len(last) else 0.0
-    if not ttft > 0:
+    ttft = column(requests, "ttft_s", float)
+    got = np.flatnonzero(~np.isnan(ttft))
+    got = got[np.argsort(column(requests, "arrival_time_s", float)[got], kind="stable")]
+    last = got[-max(1, len(got) // 4) :]
+    median_ttft = float(np.nanmedian(ttft[last])) if len(last) else 0.0
+    if not median_ttft > 0:
         return None
-    return float(last["queueing_delay_s"].median()) / ttft
+    return float(np.nanmedian(column(requests, "queueing_delay_s", float)[last])) / median_ttft
 
 
-def rejections(requests: pd.DataFrame) -> list[dict[str, Any]]:
+def rejections(requests: TableLike) -> list[dict[str, Any]]:
     """Rejected requests by reason, most common first: ``reason`` is the engine's reason with
     the numbers that differ between those requests written N (``prompt of N tokens exceeds
     max_model_len 4096``), ``count`` how many, ``example`` the first one's own reason."""
-    rejected = requests.loc[requests["status"] == "rejected", "finish_reason"].astype(str)
+    rejected = column(requests, "finish_reason")[is_label(requests, "status", "rejected")]
     groups: dict[str, list[list[str]]] = {}
-    for why in rejected:
+    for why in map(str, rejected):
         parts = _NUMBER.split(why)  # text, number, text, number, ..., text
         groups.setdefault(_NUMBER.sub("N", why), []).append(parts)
     out = []
@@ -106,7 +112,7 @@ def rejections(requests: pd.DataFrame) -> list[dict[str, Any]]:
 _NUMBER = re.compile(r"(\d[\d,._]*)")
 
 
-def itl_samples(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def itl_samples(steps: TableLike) -> tuple[np.ndarray, np.ndarray]:
     """Inter-token latencies (s) and their weights: for each decode step after the first, the
     time from the end of the previous decode step to its end, once for each sequence in its
     batch (every running sequence decodes in every decode step; prefills in between stall
@@ -114,12 +120,13 @@ def itl_samples(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     mixed ones included, once per decode token."""
     if "num_decode_tokens" in steps:
         # v1: mixed steps decode too (beside prefill chunks); each decode token is a gap
-        decode = steps[steps["num_decode_tokens"] > 0]
-        weights = decode["num_decode_tokens"].to_numpy(dtype=float)
+        weights = column(steps, "num_decode_tokens", float)
+        decode = weights > 0
     else:
-        decode = steps[steps["kind"].astype(str) == "decode"]
-        weights = decode["num_seqs"].to_numpy(dtype=float)
-    ends = (decode["time_s"] + decode["duration_s"]).to_numpy(dtype=float)
+        decode = is_label(steps, "kind", "decode")
+        weights = column(steps, "num_seqs", float)
+    weights = weights[decode]
+    ends = (column(steps, "time_s", float) + column(steps, "duration_s", float))[decode]
     if len(ends) < 2:
         return np.empty(0), np.empty(0)
     return np.diff(ends), weights[1:]
@@ -157,18 +164,22 @@ def weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, 
     return out
 
 
-def step_time_noise(steps: pd.DataFrame) -> float | None:
+def step_time_noise(steps: TableLike) -> float | None:
     """The noise of measured step times: the coefficient of variation (std / mean) of the
     duration of decode steps of one batch size, averaged over batch sizes with at least
     ``MIN_STEPS_PER_BATCH_SIZE`` steps (weighted by their counts); None if there are none."""
-    decode = steps[steps["kind"].astype(str) == "decode"]
-    groups = decode.groupby("num_seqs")["duration_s"]
-    stats = groups.agg(["count", "mean", "std"])
-    stats = stats[(stats["count"] >= MIN_STEPS_PER_BATCH_SIZE) & (stats["mean"] > 0)]
-    if stats.empty:
+    decode = is_label(steps, "kind", "decode")
+    sizes, group = np.unique(column(steps, "num_seqs")[decode], return_inverse=True)
+    duration = column(steps, "duration_s", float)[decode]
+    count = np.bincount(group, minlength=len(sizes))
+    mean = np.bincount(group, weights=duration, minlength=len(sizes)) / np.maximum(count, 1)
+    squares = np.bincount(group, weights=(duration - mean[group]) ** 2, minlength=len(sizes))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.sqrt(squares / (count - 1))  # the sample std (ddof 1), as pandas' std
+    keep = (count >= MIN_STEPS_PER_BATCH_SIZE) & (mean > 0)
+    if not keep.any():
         return None
-    cv = stats["std"] / stats["mean"]
-    return float(np.average(cv, weights=stats["count"]))
+    return float(np.average(std[keep] / mean[keep], weights=count[keep]))
 
 
 def warnings(summary: dict[str, Any]) -> list[str]:

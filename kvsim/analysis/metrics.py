@@ -7,10 +7,9 @@ nothing reaches into the engine's objects.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from engine import EventKind, StepKind
 from kvsim.analysis.events_io import EVENT_KIND_NAMES, exploded_frame
@@ -24,14 +23,19 @@ from kvsim.analysis.load import (
     weighted_distribution,
 )
 from kvsim.analysis.prefix_metrics import Admissions, request_columns
+from kvsim.analysis.table import Table, TableLike, column, is_label
 from kvsim.sim.simulation import SimResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STATUS_BY_END_KIND = {
     EventKind.FINISH: "finished",
     EventKind.ABORT: "aborted",
     EventKind.REJECT: "rejected",
 }
-STEP_KIND_NAMES = [str(k) for k in StepKind]
+STEP_KIND_NAMES = tuple(str(k) for k in StepKind)
+STATUSES = ("finished", "aborted", "rejected", "unfinished")  # requests.parquet's status labels
 
 
 def events_frame(result: SimResult, *, block_hashes: bool = False) -> pd.DataFrame:
@@ -41,21 +45,22 @@ def events_frame(result: SimResult, *, block_hashes: bool = False) -> pd.DataFra
     return exploded_frame(cols, block_ids, result.recorder.block_hashes() if block_hashes else None)
 
 
-def mark_events(result: SimResult) -> pd.DataFrame:
+def mark_events(result: SimResult) -> Table:
     """PREEMPT and REJECT events (time_s, kind, seq_id, free_blocks): the plots' markers."""
     cols, _ = result.recorder.columns()
     keep = np.isin(cols["kind"], (EventKind.PREEMPT, EventKind.REJECT))
-    return pd.DataFrame(
+    return Table(
         {
             "time_s": cols["time_s"][keep],
-            "kind": pd.Categorical.from_codes(cols["kind"][keep], EVENT_KIND_NAMES),
+            "kind": cols["kind"][keep].astype(np.int8),
             "seq_id": cols["seq_id"][keep],
             "free_blocks": cols["free_blocks"][keep],
-        }
+        },
+        categories={"kind": tuple(EVENT_KIND_NAMES)},
     )
 
 
-def steps_frame(result: SimResult, *, v1: bool = False) -> pd.DataFrame:
+def steps_table(result: SimResult, *, v1: bool = False) -> Table:
     """steps.parquet: one row per executed step; a ``v1`` run's steps add
     ``num_prefill_tokens`` and ``num_decode_tokens`` (its batched tokens, split)."""
     steps = result.recorder.step_columns()
@@ -70,12 +75,12 @@ def steps_frame(result: SimResult, *, v1: bool = False) -> pd.DataFrame:
             "num_prefill_tokens": prefill,
             "num_decode_tokens": steps["num_batched_tokens"][:n] - prefill,
         }
-    return pd.DataFrame(
+    return Table(
         {
             "step": steps["step"][:n],
             "time_s": steps["time_s"][:n],
             "duration_s": result.step_duration_s,
-            "kind": pd.Categorical.from_codes(steps["kind"][:n], STEP_KIND_NAMES),
+            "kind": steps["kind"][:n].astype(np.int8),
             "num_seqs": steps["num_seqs"][:n],
             "num_running": result.step_num_running,
             "num_batched_tokens": steps["num_batched_tokens"][:n],
@@ -83,13 +88,12 @@ def steps_frame(result: SimResult, *, v1: bool = False) -> pd.DataFrame:
             "free_blocks": free,
             "allocated_slots": (result.num_blocks - free) * result.block_size,
             "filled_slots": result.step_filled_slots,
-        }
+        },
+        categories={"kind": STEP_KIND_NAMES},
     )
 
 
-def requests_frame(
-    result: SimResult, steps: pd.DataFrame, admissions: Admissions | None = None
-) -> pd.DataFrame:
+def requests_table(result: SimResult, steps: Table, admissions: Admissions | None = None) -> Table:
     """requests.parquet: one row per submitted request, in submission (seq_id) order. With a
     v1 run's ``admissions`` it adds the prefix-cache columns (``request_columns``) and
     ``prefill_time_s`` (first token - admission: TTFT = queueing_delay_s + prefill_time_s)."""
@@ -108,10 +112,7 @@ def requests_frame(
     admit_mask = kind == EventKind.ADMIT
     admit_time = first_per_seq(admit_mask, t, np.nan)
     admit_step = first_per_seq(admit_mask, cols["step"].astype(np.float64), np.nan)
-    step_end = pd.Series(
-        steps["time_s"].to_numpy() + steps["duration_s"].to_numpy(), index=steps["step"]
-    )
-    first_token = step_end.reindex(admit_step).to_numpy(copy=True)
+    first_token = _step_end_at(steps, admit_step)
     end_mask = np.isin(kind, list(STATUS_BY_END_KIND))
     finish_time = first_per_seq(end_mask, t, np.nan)
     # The admit step's token exists only if the request was still there when the step
@@ -123,18 +124,18 @@ def requests_frame(
     preemptions = np.bincount(seq_id[kind == EventKind.PREEMPT], minlength=n)[:n]
 
     prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64, n)
-    status = np.full(n, "unfinished", dtype=object)
+    status = np.full(n, STATUSES.index("unfinished"), dtype=np.int8)
     for code, name in STATUS_BY_END_KIND.items():
-        status[end_kind == code] = name
+        status[end_kind == code] = STATUSES.index(name)
     generated = np.where(np.isnan(end_tokens), np.nan, end_tokens - prompt)
-    finished = status == "finished"
+    finished = status == STATUSES.index("finished")
     output = np.fromiter((r.output_tokens for r in result.requests), np.int64, n)
     reason = np.full(n, None, dtype=object)
     reason[finished] = np.where(
         generated[finished] < output[finished], "length (max_model_len reached)", "length"
     )
-    reason[status == "aborted"] = "aborted (cancel_after_s elapsed)"
-    reason[status == "rejected"] = "rejected"
+    reason[status == STATUSES.index("aborted")] = "aborted (cancel_after_s elapsed)"
+    reason[status == STATUSES.index("rejected")] = "rejected"
     for rejected_id, why in result.reject_reasons.items():
         if rejected_id < n:
             reason[rejected_id] = why
@@ -149,18 +150,18 @@ def requests_frame(
     if admissions is not None:
         v1_columns = request_columns(admissions, n)
         v1_latency = {"prefill_time_s": first_token - admit_time}
-    frame = pd.DataFrame(
+    request_id = np.empty(n, dtype=object)
+    request_id[:] = [r.request_id for r in result.requests]
+    return Table(
         {
-            "request_id": [r.request_id for r in result.requests],
+            "request_id": request_id,
             "seq_id": np.arange(n, dtype=np.int64),
             "arrival_time_s": arrival,
             "prompt_tokens": prompt,
             "output_tokens": output,
             "generated_tokens": generated,
-            "status": pd.Categorical(
-                status, categories=["finished", "aborted", "rejected", "unfinished"]
-            ),
-            "finish_reason": pd.array(reason, dtype="string"),
+            "status": status,
+            "finish_reason": reason,
             "admit_time_s": admit_time,
             "first_token_time_s": first_token,
             "finish_time_s": finish_time,
@@ -171,13 +172,30 @@ def requests_frame(
             "ttft_s": ttft,
             "tpot_s": tpot,
             "e2e_latency_s": e2e,
-        }
+        },
+        categories={"status": STATUSES},
+        text=frozenset({"request_id", "finish_reason"}),
     )
-    return frame
 
 
-def _distribution(values: pd.Series) -> dict[str, float | None]:
-    return distribution(values.to_numpy(dtype=np.float64))
+def _step_end_at(steps: Table, step_ids: np.ndarray) -> np.ndarray:
+    """End time of the step numbered ``step_ids[i]`` (NaN where it is NaN or no such step)."""
+    numbers = steps["step"]
+    ends = steps["time_s"] + steps["duration_s"]
+    out = np.full(len(step_ids), np.nan)
+    known = ~np.isnan(step_ids)
+    wanted = step_ids[known].astype(np.int64)
+    at = np.searchsorted(numbers, wanted)  # step numbers rise: one per executed step
+    found = at < len(numbers)
+    found[found] = numbers[at[found]] == wanted[found]
+    filled = np.flatnonzero(known)[found]
+    out[filled] = ends[at[found]]
+    return out
+
+
+def _distribution(table: TableLike, name: str, rows: np.ndarray | None = None) -> dict[str, Any]:
+    values = column(table, name, np.float64)
+    return distribution(values if rows is None else values[rows])
 
 
 def _time_weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
@@ -187,8 +205,8 @@ def _time_weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
 
 def summarize(
     result: SimResult,
-    requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    requests: TableLike,
+    steps: TableLike,
     *,
     closed_loop: bool = False,
     measured: bool = False,
@@ -198,54 +216,58 @@ def summarize(
     ``closed_loop``: users wait for answers (never saturated); ``measured``: step times are
     wall time (engine mode), so their noise is estimated. ``prefix_cache``: a v1 run's
     prefix-cache fields (``prefix_metrics.prefix_cache_summary``), written after the KV
-    breakdown, with ``prefill_time_s`` after ``ttft_s``; a classic summary has neither."""
+    breakdown, with ``prefill_time_s`` after ``ttft_s``; a classic summary has neither.
+    ``requests`` and ``steps`` are Tables or DataFrames of requests.parquet's and
+    steps.parquet's columns."""
     v1_latency: dict[str, Any] = {}
     if prefix_cache is not None:
-        v1_latency = {"prefill_time_s": _distribution(requests["prefill_time_s"])}
+        v1_latency = {"prefill_time_s": _distribution(requests, "prefill_time_s")}
     total_slots = result.num_blocks * result.block_size
-    finished = requests[requests["status"] == "finished"]
+    finished = is_label(requests, "status", "finished")
     # The run spans from time 0 (the trace's start) to the last thing that happened.
     duration = result.sim_end_s
     # A step still running when --until stopped the run counts only up to the stop.
-    start = steps["time_s"].to_numpy()
-    weights = np.minimum(start + steps["duration_s"].to_numpy(), duration) - start
-    usage = steps["allocated_slots"].to_numpy() / total_slots
-    internal = (steps["allocated_slots"] - steps["filled_slots"]).to_numpy() / total_slots
-    output_tokens = float(finished["generated_tokens"].sum())
-    prompt_tokens = float(finished["prompt_tokens"].sum())
-    counts = requests["status"].value_counts()
+    start = column(steps, "time_s")
+    weights = np.minimum(start + column(steps, "duration_s"), duration) - start
+    allocated = column(steps, "allocated_slots")
+    usage = allocated / total_slots
+    internal = (allocated - column(steps, "filled_slots")) / total_slots
+    output_tokens = float(column(requests, "generated_tokens")[finished].sum())
+    prompt_tokens = float(column(requests, "prompt_tokens")[finished].sum())
+    num_finished = int(finished.sum())
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     num_steps = len(steps)
+    num_seqs = column(steps, "num_seqs")
     return {
         "num_requests": len(requests),
-        "num_finished": int(counts.get("finished", 0)),
-        "num_rejected": int(counts.get("rejected", 0)),
-        "num_aborted": int(counts.get("aborted", 0)),
-        "num_unfinished": int(counts.get("unfinished", 0)),
-        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_finished": num_finished,
+        "num_rejected": int(is_label(requests, "status", "rejected").sum()),
+        "num_aborted": int(is_label(requests, "status", "aborted").sum()),
+        "num_unfinished": int(is_label(requests, "status", "unfinished").sum()),
+        "num_preemptions": int(column(requests, "num_preemptions").sum()),
         "block_size": result.block_size,
         "num_blocks": result.num_blocks,
         "sim_duration_s": duration,
         "num_steps": num_steps,
-        "throughput_requests_per_s": rate(len(finished)),
+        "throughput_requests_per_s": rate(num_finished),
         "throughput_output_tokens_per_s": rate(output_tokens),
         "throughput_total_tokens_per_s": rate(output_tokens + prompt_tokens),
         "total_prompt_tokens": int(prompt_tokens),
         "total_output_tokens": int(output_tokens),
-        "queueing_delay_s": _distribution(requests["queueing_delay_s"]),
-        "ttft_s": _distribution(requests["ttft_s"]),
+        "queueing_delay_s": _distribution(requests, "queueing_delay_s"),
+        "ttft_s": _distribution(requests, "ttft_s"),
         **v1_latency,
-        "tpot_s": _distribution(requests["tpot_s"]),
+        "tpot_s": _distribution(requests, "tpot_s"),
         "itl_s": weighted_distribution(*itl_samples(steps)),
-        "e2e_latency_s": _distribution(finished["e2e_latency_s"]),
+        "e2e_latency_s": _distribution(requests, "e2e_latency_s", finished),
         "kv_usage_mean": _time_weighted_mean(usage, weights),
         "kv_usage_peak": float(usage.max()) if num_steps else 0.0,
         "internal_fragmentation_mean": _time_weighted_mean(internal, weights),
         **breakdown_means(steps, total_slots, weights),
         **(prefix_cache or {}),
-        "mean_running_seqs": _time_weighted_mean(steps["num_running"].to_numpy(), weights),
-        "mean_batch_size": _time_weighted_mean(steps["num_seqs"].to_numpy(), weights),
-        "max_batch_size": int(steps["num_seqs"].max()) if num_steps else 0,
+        "mean_running_seqs": _time_weighted_mean(column(steps, "num_running"), weights),
+        "mean_batch_size": _time_weighted_mean(num_seqs, weights),
+        "max_batch_size": int(num_seqs.max()) if num_steps else 0,
         "busy_time_s": float(weights.sum()),
         **overload(requests, duration, closed_loop=closed_loop),
         "rejections": rejections(requests),

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from engine import EventKind
 from engine.events import Columns
@@ -37,6 +36,23 @@ def _rank_within(seq: np.ndarray) -> np.ndarray:
     rank = np.empty(n, dtype=np.int64)
     rank[order] = rank_sorted
     return rank
+
+
+def _pair_keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One int64 per (a, b) pair of non-negative values below 2**31 (seq ids, steps, ranks)."""
+    return (a.astype(np.int64) << 32) | b.astype(np.int64)
+
+
+def _look_up(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray, fill: int) -> np.ndarray:
+    """``values`` at the row of ``table_keys`` equal to each of ``keys`` (unique), else ``fill``."""
+    order = np.argsort(table_keys, kind="stable")
+    sorted_keys = table_keys[order]
+    at = np.minimum(np.searchsorted(sorted_keys, keys), max(len(sorted_keys) - 1, 0))
+    out = np.full(len(keys), fill, dtype=np.int64)
+    if len(sorted_keys):
+        found = sorted_keys[at] == keys
+        out[found] = values[order[at[found]]]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +75,25 @@ def admissions(cols: Columns, prompt_tokens: np.ndarray) -> Admissions:
     resumed = kind[is_admit] == EventKind.RESUME
     num_tokens = prompt_tokens[a_seq].astype(np.int64)
     if resumed.any():
+        # the k-th resume of a sequence follows its k-th preemption
         is_pre = kind == EventKind.PREEMPT
-        pre = pd.DataFrame(
-            {"seq": seq[is_pre], "rank": _rank_within(seq[is_pre]),
-             "tokens": cols["num_tokens"][is_pre].astype(np.int64)}
-        )  # fmt: skip
-        res_seq = a_seq[resumed]
-        res = pd.DataFrame({"seq": res_seq, "rank": _rank_within(res_seq)})
-        num_tokens[resumed] = res.merge(pre, on=["seq", "rank"], how="left")["tokens"].to_numpy()
+        pre_seq, res_seq = seq[is_pre], a_seq[resumed]
+        num_tokens[resumed] = _look_up(
+            _pair_keys(res_seq, _rank_within(res_seq)),
+            _pair_keys(pre_seq, _rank_within(pre_seq)),
+            cols["num_tokens"][is_pre].astype(np.int64),
+            fill=0,
+        )
     hit = np.zeros(len(a_seq), dtype=np.int64)
     is_hit = kind == EventKind.PREFIX_HIT
     if is_hit.any():
-        hits = pd.DataFrame(
-            {"seq": seq[is_hit], "step": step[is_hit].astype(np.int64),
-             "hit": cols["num_tokens"][is_hit].astype(np.int64)}
-        )  # fmt: skip
-        adm = pd.DataFrame({"seq": a_seq, "step": a_step})
-        hit = adm.merge(hits, on=["seq", "step"], how="left")["hit"].fillna(0).to_numpy(np.int64)
+        # an admission's PREFIX_HIT is the same sequence's, in the same step
+        hit = _look_up(
+            _pair_keys(a_seq, a_step),
+            _pair_keys(seq[is_hit], step[is_hit]),
+            cols["num_tokens"][is_hit].astype(np.int64),
+            fill=0,
+        )
     return Admissions(a_seq, resumed, num_tokens, hit)
 
 

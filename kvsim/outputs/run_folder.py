@@ -13,9 +13,8 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -23,6 +22,9 @@ from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
 from kvsim.runner import RunResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLES = ("requests", "steps", "events")
 # Above this many event rows (blocks included) a run's pictures skip the occupancy map and
@@ -76,9 +78,8 @@ def write_run_files(result: RunResult, folder: Path, *, plots: bool = True) -> N
     }
     (tmp / "config.json").write_bytes(_json_bytes(config))
     (tmp / "summary.json").write_bytes(_json_bytes(_nan_to_none(result.summary)))
-    for name in ("requests", "steps"):
-        frame: pd.DataFrame = getattr(result, name)
-        frame.to_parquet(tmp / f"{name}.parquet", index=False, compression="zstd")
+    for name, table in (("requests", result.requests_table), ("steps", result.steps_table)):
+        pq.write_table(table.to_arrow(), tmp / f"{name}.parquet", compression="zstd")
     events_file = tmp / "events.parquet"
     if result.events is not None:
         result.events.to_parquet(events_file, index=False, compression="zstd")
@@ -92,6 +93,8 @@ def write_run_files(result: RunResult, folder: Path, *, plots: bool = True) -> N
 def _write_pictures(result: RunResult, folder: Path) -> None:
     """plots/*.png and report.html. The occupancy map and Gantt chart need the whole event
     stream; a streamed run reads it back unless it is too long to plot in reasonable time."""
+    import pandas as pd
+
     from kvsim.outputs.report import build_report
     from kvsim.plots import PICTURES, write_run_plots
 
@@ -245,6 +248,8 @@ def read_run(path: Path) -> RunFolder:
     present = [t for t in TABLES if (path / f"{t}.parquet").is_file()]
     for table in present:
         _check_columns(path / f"{table}.parquet", table)
+    import pandas as pd
+
     tables: dict[str, pd.DataFrame | None] = {t: None for t in TABLES}
     for table in present:
         try:

@@ -251,12 +251,13 @@ def test_a_read_only_folder_is_one_line(read_only_disk: Path) -> None:
 def test_an_injected_enospc_while_writing_tables_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pandas as pd
+    import pyarrow.parquet as pq
 
-    def no_space(self: object, path: object, **kwargs: object) -> None:
+    def no_space(table: object, path: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", no_space)
+    # requests.parquet and steps.parquet are written with pq.write_table
+    monkeypatch.setattr(pq, "write_table", no_space)
     one_error_line(run_into(tmp_path / "run"), "No space left on device")
     assert os.listdir(tmp_path) == []
 
