@@ -208,10 +208,15 @@ def test_a_cost_mode_run_without_plots_imports_no_pandas(tmp_path: Path) -> None
         f"{str(tmp_path / 'run')!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'pandas', 'matplotlib', 'scipy', 'torch'}))"
+        "{'pandas', 'matplotlib', 'scipy', 'torch'}))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('kvsim.commands.') and m not in "
+        "('kvsim.commands.run', 'kvsim.commands.console', 'kvsim.commands.options', "
+        "'kvsim.commands.summary')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    heavy, other_commands = out.stdout.strip().splitlines()[-2:]
+    assert heavy == "[]", out.stdout
+    assert other_commands == "[]", out.stdout  # only `run`'s module is loaded (kvsim.cli)
     assert (tmp_path / "run" / "requests.parquet").is_file()

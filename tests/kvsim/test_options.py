@@ -22,7 +22,7 @@ def kvsim(*args: str | Path) -> Result:
 
 
 def command_flags(name: str) -> set[str]:
-    sub = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    sub = typer.main.get_command(app).get_command(None, name)  # type: ignore[attr-defined]
     return {opt for p in sub.params for opt in p.opts if opt.startswith("--")}
 
 
