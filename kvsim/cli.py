@@ -8,6 +8,7 @@ removed.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import signal
 import sys
@@ -161,3 +162,8 @@ def main() -> None:
         what = "interrupted" if stop.signum == signal.SIGINT else "terminated (SIGTERM)"
         err_console.print(Text(f"{what}; nothing written", style="yellow"), soft_wrap=True)
         sys.exit(128 + stop.signum)
+    finally:
+        # Everything dies with the process: without this the interpreter's shutdown walks
+        # every object the command made in its garbage collections, 0.2 s of a 1.2 s
+        # `kvsim run --no-plots` (8-round A/B); files are closed and output swapped by now.
+        gc.freeze()
