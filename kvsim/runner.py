@@ -20,7 +20,7 @@ from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, fin
 from kvsim.analysis.metrics import events_frame, mark_events, requests_table, steps_table, summarize
 from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
 from kvsim.analysis.table import Table
-from kvsim.config import RunConfig, SchedulingLimits, parse_step_time, scheduling_limits
+from kvsim.config import RunConfig, SchedulingLimits, scheduling_limits
 from kvsim.costmodel import (
     CostModel,
     CostModelError,
@@ -30,6 +30,7 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
+from kvsim.option_spec import parse_step_time
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.engine_mode import (
     SESSION_STREAM_TOKENS,

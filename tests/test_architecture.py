@@ -29,6 +29,7 @@ KVSIM_LAYERS = (
     ("kvsim.sim",),
     ("kvsim.config",),
     ("kvsim.costmodel",),
+    ("kvsim.option_spec",),
     ("kvsim.atomic", "kvsim.errors"),
 )
 

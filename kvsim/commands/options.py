@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from kvsim.config import OptionSpec, RunConfig, option_specs
+from kvsim.config import RunConfig, option_specs
+from kvsim.option_spec import OptionSpec
 
 Command = Literal["run", "sweep"]
 OPTIONS_PARAMETER = "options"  # the body's parameter that receives the given run options

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine import Scheduler, SchedulerOutput
-from kvsim.config import ConfigError, RunConfig, SchedulingLimits
+from kvsim.config import RunConfig, SchedulingLimits
+from kvsim.option_spec import ConfigError
 from workloads import Request
 
 if TYPE_CHECKING:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.analysis.load import PERCENTILES
-from kvsim.config import ConfigError, RunConfig, option_specs
+from kvsim.config import RunConfig, option_specs
 from kvsim.errors import KvsimError
+from kvsim.option_spec import ConfigError
 
 # From RunConfig's option definitions: the fields with their own comma-list axis option, and
 # those a sweep cannot vary (one trace; cost mode: an engine run is one measurement).

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from engine.buddy import order_of
 from kvsim.analysis.kv_breakdown import COLUMNS, SUMMARY_FIELDS
 from kvsim.cli import app
-from kvsim.config import ConfigError, RunConfig
+from kvsim.config import RunConfig
 from kvsim.costmodel import CostModel, resolve_gpu, resolve_model
+from kvsim.option_spec import ConfigError
 from kvsim.runner import RunResult, run, simulate
 from kvsim.sim.allocators import ContiguousCostExecutor
 from tests.kvsim.conftest import ToyExecutor
