@@ -199,15 +199,7 @@ class FastV1Scheduler(LazyV1Scheduler):
                     bm.append_decode_block(seq)
                     self._cache_decode(seq)
                 return
-            if len(needing) + len(filling) > 1:
-                for seq in filling:
-                    if seq.prefix is None:
-                        self._sync(seq)  # its keys are made from its tokens
-                bm.decode_blocks(needing, filling, self._order)
-            elif needing:  # one block: the batch's fixed costs would outweigh its savings
-                bm.append_decode_block(needing[0])
-            elif filling:
-                self._cache_decode(filling[0])
+            self._decode_pass(needing, filling)
             return
         active = [*needing, *filling, *nonlazy]
         active.sort(key=self._order_key)
@@ -227,6 +219,20 @@ class FastV1Scheduler(LazyV1Scheduler):
                     self._cache_decode(seq)
             else:
                 self._cache_decode(seq)
+
+    def _decode_pass(self, needing: list[Sequence], filling: list[Sequence]) -> None:
+        """The running pass of a step where every running sequence decodes: ``needing``
+        take a block, ``filling`` cache the block their token fills (block size > 1)."""
+        bm = self.block_manager
+        if len(needing) + len(filling) > 1:
+            for seq in filling:
+                if seq.prefix is None:
+                    self._sync(seq)  # its keys are made from its tokens
+            bm.decode_blocks(needing, filling, self._order)
+        elif needing:  # one block: the batch's fixed costs would outweigh its savings
+            bm.append_decode_block(needing[0])
+        elif filling:
+            self._cache_decode(filling[0])
 
     def _cache_decode(self, seq: Sequence) -> None:
         """Cache the block a lazily tracked decoder's token fills this step."""
@@ -287,11 +293,19 @@ class FastV1Scheduler(LazyV1Scheduler):
         bs, num_blocks = bm.block_size, bm.num_blocks
         buckets, heap = self._buckets, self._finish_heap
         max_tokens = self.config.max_num_batched_tokens
+        # The decoders that fill a block this step (bs > 1; at bs 1 the token fills the
+        # block it takes: _running_pass handles that case).
+        fills = bm.enable_prefix_caching and bs > 1
+        single = bs == 1 and bm.enable_prefix_caching
+        decode_pass = self._decode_pass
         # Within the loop only finishes change the batch, the seats and the budget, and the
-        # free blocks only shrink: the waiting head is looked at again after finishes, or
-        # when a block it could hit was cached.
+        # free blocks only shrink, by one per block taken: the waiting head is looked at
+        # again after finishes, or when a block it could hit was cached. Steps where no
+        # decoder takes or fills a block (most steps at small batches) do no block work.
         check_head = True
         n = len(self._running)
+        d, step = self._decodes, self.step
+        num_free = bm.get_num_free_blocks()
         while n and not self._nonlazy and not self._finished_early:
             if check_head or bm._watch_hit:
                 budget = max_tokens - n
@@ -300,24 +314,35 @@ class FastV1Scheduler(LazyV1Scheduler):
                 if blocked.waiting_pass_may_admit(budget) and not blocked.blocked(budget):
                     return False
                 check_head = False
-            d = self._decodes
-            if len(buckets[-d % bs]) > bm.get_num_free_blocks():
+            needing = buckets[-d % bs]
+            k = len(needing)
+            if k > num_free:
                 return False
-            self.step += 1
+            step += 1
+            self.step = step
             if sink is not None:
-                sink.begin_step(self.step)
-            self._running_pass(_NO_CHUNKS)
-            num_free = bm.get_num_free_blocks()
+                sink.begin_step(step)
+            if single:
+                self._running_pass(_NO_CHUNKS)
+            elif fills:
+                filling = buckets[(-d - 1) % bs]
+                if k or filling:
+                    decode_pass(needing, filling)
+            elif k:
+                decode_pass(needing, _NO_SEQS)
+            num_free -= k
             if sink is not None:
                 sink.record_step(DECODE, n, n, num_free)
             if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
                 self._plain_pending = True
                 return True
-            self._decodes = d + 1
+            d += 1
+            self._decodes = d
             self.num_cached_tokens += n
-            if heap and heap[0][0] <= d + 1:
+            if heap and heap[0][0] <= d:
                 on_finished(self._finish_due([]))
                 n = len(self._running)
+                num_free = bm.get_num_free_blocks()
                 check_head = True
         return False
 
@@ -344,6 +369,7 @@ class FastV1Scheduler(LazyV1Scheduler):
 
 
 _NO_CHUNKS: list[int] = []
+_NO_SEQS: list[Sequence] = []
 
 
 def _never_called(finished: list[Sequence]) -> None:
