@@ -53,6 +53,7 @@ class KVCacheManagerMixin(PrefixCacheMixin):
     _ref_counts_np: np.ndarray
     _owners_np: np.ndarray
     _seqs: dict[int, Sequence]
+    _ones: bytes
     _num_stale: int
     _v1: bool
 
@@ -122,10 +123,11 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         self._ref_counts_np[index] = 1
         if n and self.enable_prefix_caching:
             hashed = self._has_key[index]
-            if hashed.all():  # the usual case once the pool has cycled: every block cached
+            hashed_bytes = hashed.tobytes()  # byte tests: cheaper than numpy's all() / any()
+            if b"\x00" not in hashed_bytes:  # the usual case once the pool has cycled
                 self._has_key[index] = False
                 self._evict(index, blocks)
-            elif hashed.any():
+            elif b"\x01" in hashed_bytes:
                 evicted = index[hashed]
                 self._has_key[evicted] = False
                 self._evict(evicted)
@@ -174,6 +176,17 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         self._free[head : self._head] = blocks.tolist()
         self._head = head
         self._queue_pos_np[blocks] = np.arange(head, head + k, dtype=np.int32)
+
+    def _push_front_one(self, b: int) -> None:
+        """``_push_front`` of one block."""
+        head = self._head
+        if not head:
+            self._push_front(np.array([b], dtype=np.intp))
+            return
+        head -= 1
+        self._free[head] = b
+        self._queue_pos[b] = head
+        self._head = head
 
     def _push_back(self, blocks: np.ndarray) -> None:
         """Put ``blocks`` (an intp index array) at the back of the free queue, in order."""
@@ -229,6 +242,7 @@ class KVCacheManagerMixin(PrefixCacheMixin):
                 sink.record(
                     PREFIX_HIT, seq.seq_id, self.get_num_free_blocks(), hit_blocks, num_hit * bs
                 )
+        table_index = None  # the table as an index array, when it is just these new blocks
         if num_new_blocks > 0:
             if num_new_blocks == 1:
                 new = [self._take_block()]
@@ -236,6 +250,8 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             else:
                 new, index = self._pop_blocks(num_new_blocks)
                 self._owners_np[index] = seq.seq_id
+                if not held:
+                    table_index = index
             table.extend(new)
             if sink is not None:
                 num_free = self.get_num_free_blocks()
@@ -251,7 +267,7 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             num_cacheable = total_computed + num_new_tokens
             if num_cacheable > seq.num_tokens:
                 num_cacheable = seq.num_tokens
-            self.cache_blocks(seq, num_cacheable)
+            self.cache_blocks(seq, num_cacheable, table_index)
         return True
 
     def append_decode_block(self, seq: Sequence) -> None:
@@ -360,29 +376,46 @@ class KVCacheManagerMixin(PrefixCacheMixin):
         if not table:
             self._seqs.pop(seq.seq_id, None)
             return
-        index = np.array(table[::-1], dtype=np.intp)
+        index = np.array(table, dtype=np.intp)[::-1]
         refs = self._ref_counts_np
-        counts = refs[index] - 1
-        if counts.min() < 0:
-            b = int(index[np.argmax(counts < 0)])
-            raise InvariantError(f"block {b} in sequence {seq.seq_id}'s table was already free")
-        refs[index] = counts
-        zero = counts == 0
-        # The usual case: nobody else holds any of the blocks (no boolean gather needed).
-        released = index if zero.all() else index[zero]
+        held = refs[index]
+        size = 4 * len(table)
+        if len(self._ones) < size:
+            self._ones = np.ones(len(table) * 2, dtype=np.int32).tobytes()
+        if held.tobytes() == self._ones[:size]:
+            # The usual case, nobody else holds a block of the table: every count goes 1 -> 0
+            # (a byte compare instead of numpy reductions: see BlockManager._release).
+            refs[index] = 0
+            released = index
+        else:
+            counts = held - 1
+            if counts.min() < 0:
+                b = int(index[np.argmax(counts < 0)])
+                raise InvariantError(
+                    f"block {b} in sequence {seq.seq_id}'s table was already free"
+                )
+            refs[index] = counts
+            zero = counts == 0
+            released = index if zero.all() else index[zero]
         if len(released):
             self._owners_np[released] = FREE_OWNER
-            if self.enable_prefix_caching:
-                hashed = self._has_key[released]
-                if hashed.all():
-                    self._push_back(released)
-                elif hashed.any():
-                    self._push_front(released[~hashed])
-                    self._push_back(released[hashed])
-                else:
-                    self._push_front(released)
-            else:
+            if not self.enable_prefix_caching:
                 self._push_front(released)
+            else:
+                hashed = self._has_key[released].tobytes()
+                if b"\x00" not in hashed:
+                    self._push_back(released)
+                elif b"\x01" not in hashed:
+                    self._push_front(released)
+                elif hashed[0] == 0 and b"\x00" not in hashed[1:]:
+                    # A finished sequence: its last block, not full, walked first, is the
+                    # only one without a key (free of 80 blocks: 29 -> 13 us, timeit).
+                    self._push_front_one(int(released[0]))
+                    self._push_back(released[1:])
+                else:
+                    mask = self._has_key[released]
+                    self._push_front(released[~mask])
+                    self._push_back(released[mask])
         seq.block_table = []
         del self._seqs[seq.seq_id]
         if self.event_sink is not None:
