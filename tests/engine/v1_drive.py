@@ -78,15 +78,22 @@ def make_prompt(mask: int, own: int, seq_id: int) -> list[int]:
 
 
 def drive(
-    fast: bool, ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], check: bool
+    fast: bool,
+    ops: list[tuple[str, int, int, int, int]],
+    setup: dict[str, Any],
+    check: bool,
+    events: bool = True,
 ) -> Drive:
+    """Run ``ops`` through a fresh v1 scheduler (FastV1Scheduler if ``fast``). Without
+    ``events`` no event sink is attached (the engine's cheaper paths), and each traced step
+    carries the pool as scheduled instead: block tables and the free queue with its keys."""
     recorder = EventRecorder(keep_block_hashes=True)
     bs = setup["block_size"]
     bm = BlockManager(
         setup["num_blocks"],
         bs,
         setup["watermark"],
-        event_sink=recorder,
+        event_sink=recorder if events else None,
         enable_prefix_caching=setup["caching"],
     )
     config = SchedulerConfig(
@@ -110,7 +117,11 @@ def drive(
             bm.check_invariants()
 
     def step_record(
-        out: Any, finished: list[Sequence], used: int, contexts: tuple[int, list[int]] | None
+        out: Any,
+        finished: list[Sequence],
+        used: int,
+        contexts: tuple[int, list[int]] | None,
+        pool: tuple[Any, ...] | None,
     ) -> None:
         trace.append(
             (
@@ -124,6 +135,7 @@ def drive(
                 sched.num_cached_tokens,
                 used,
                 contexts,
+                pool,
             )
         )
 
@@ -148,9 +160,10 @@ def drive(
     def one_step() -> None:
         out = sched.schedule()
         used = bm.num_used_blocks
+        pool = None if events else pool_state(bm)  # as scheduled (a plain step's is)
         contexts = contexts_of(out)
         finished = sched.update(out, [0] * out.num_seqs)
-        step_record(out, finished, used, contexts)
+        step_record(out, finished, used, contexts, pool)
         checked()
 
     for kind, a, b, c, d in ops:
@@ -177,14 +190,15 @@ def drive(
             checked()
         elif kind == "abort_mid_step":
             out = sched.schedule()
+            pool = None if events else pool_state(bm)
             contexts = contexts_of(out)
             trace.append(("abort", a, sched.abort(a)))
             used = bm.num_used_blocks
             finished = sched.update(out, [0] * out.num_seqs)
-            step_record(out, finished, used, contexts)
+            step_record(out, finished, used, contexts, pool)
             checked()
         elif kind == "run" and fast:
-            a -= run_plain(sched, bm, a, trace, setup["inspect"])
+            a -= run_plain(sched, bm, a, trace, setup["inspect"], events)
             checked()
             for _ in range(a):
                 one_step()
@@ -207,7 +221,9 @@ def drive(
     )
 
 
-def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool) -> int:
+def run_plain(
+    sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool, events: bool
+) -> int:
     """Up to ``max_steps`` plain steps through run_plain_decodes, traced as a step is (the
     plain scheduler runs them as ordinary steps); returns how many ran."""
     steps: list[list[Any]] = []
@@ -239,6 +255,7 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], in
                 None,
                 num_used_blocks,
                 inspected,
+                None if events else pool_state(bm),
             ]
         )
         return len(steps) < max_steps
@@ -251,3 +268,14 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], in
     close_last()
     trace.extend(tuple(step) for step in steps)
     return len(steps)
+
+
+def pool_state(bm: BlockManager) -> tuple[Any, ...]:
+    """Everything a v1 pool decides later steps by: each holder's block table, the free
+    queue in order with each free block's key (None: none), and the eviction count."""
+    free = [b for i, b in enumerate(bm._free) if i >= bm._head and bm._queue_pos[b] == i]
+    keys: list[int | None] = [None] * bm.num_blocks
+    if bm.enable_prefix_caching:
+        keys = [int(k) if h else None for k, h in zip(bm._block_key, bm._has_key)]
+    tables = sorted((seq_id, list(seq.block_table)) for seq_id, seq in bm._seqs.items())
+    return tables, [(b, keys[b]) for b in free], getattr(bm, "num_evictions", 0)
