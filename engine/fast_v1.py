@@ -225,19 +225,13 @@ class FastV1Scheduler(LazyV1Scheduler):
         take a block, ``filling`` cache the block their token fills (block size > 1)."""
         bm = self.block_manager
         if bm.event_sink is None:
-            # Without events, takes and caches commute (a take only touches free blocks,
-            # a cache held ones; the prefix-cache map ends the same either way), so no
-            # merge into running order (and no visit list): with the unique-key table
-            # below, Azure bench first 8,000 requests min thread CPU 2.12 -> 1.95 s.
-            take = bm._take_one
-            for seq in needing:
-                take(seq)
+            # Without events, takes and caches commute (BlockManager.decode_blocks), so
+            # each batch runs in one loop: with the unique-key table of
+            # engine/prefix_keys.py, Azure bench first 8,000 requests min thread CPU 2.12 ->
+            # 1.95 s (ab_bench.py, 4 rounds).
+            bm.take_decode_blocks(needing)
             if filling:
-                cache = bm._cache_one
-                for seq in filling:
-                    if seq.prefix is None:
-                        self._sync(seq)  # its keys are made from its tokens
-                    cache(seq)
+                self._cache_filling(filling)
             return
         if len(needing) + len(filling) > 1:
             for seq in filling:
@@ -248,6 +242,13 @@ class FastV1Scheduler(LazyV1Scheduler):
             bm.append_decode_block(needing[0])
         elif filling:
             self._cache_decode(filling[0])
+
+    def _cache_filling(self, filling: list[Sequence]) -> None:
+        """Cache the blocks the tokens of ``filling`` fill, with no event sink."""
+        for seq in filling:
+            if seq.prefix is None:
+                self._sync(seq)  # its keys are made from its tokens
+        self.block_manager.cache_decode_blocks(filling)
 
     def _cache_decode(self, seq: Sequence) -> None:
         """Cache the block a lazily tracked decoder's token fills this step."""
@@ -313,6 +314,7 @@ class FastV1Scheduler(LazyV1Scheduler):
         fills = bm.enable_prefix_caching and bs > 1
         single = bs == 1 and bm.enable_prefix_caching
         decode_pass = self._decode_pass
+        take, cache_filling = bm.take_decode_blocks, self._cache_filling
         # Within the loop only finishes change the batch, the seats and the budget, and the
         # free blocks only shrink, by one per block taken: the waiting head is looked at
         # again after finishes, or when a block it could hit was cached. Steps where no
@@ -341,7 +343,12 @@ class FastV1Scheduler(LazyV1Scheduler):
                 self._running_pass(_NO_CHUNKS)
             elif fills:
                 filling = buckets[(-d - 1) % bs]
-                if k or filling:
+                if sink is None:  # _decode_pass without events, inlined
+                    if k:
+                        take(needing)
+                    if filling:
+                        cache_filling(filling)
+                elif k or filling:
                     decode_pass(needing, filling)
             elif k:
                 decode_pass(needing, _NO_SEQS)

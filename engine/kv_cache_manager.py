@@ -11,6 +11,7 @@ and FullAttentionManager (one KV cache group, hash block size = block size):
 - Prefix cache (engine/prefix_cache.py): full blocks are cached in ``allocate_slots`` (the
   scheduler's ``schedule()``), once the computed plus scheduled tokens cover them; a freed
   cached block stays there, evictable, until it is taken from the free queue.
+- Decode steps' one-block takes and caches: engine/decode_blocks.py.
 
 The free queue is the BlockManager's list ``_free`` read from ``_head``, as for classic,
 with the v1 operations it lacks: a block leaving from the middle is only marked (its
@@ -26,19 +27,19 @@ from array import array
 
 import numpy as np
 
+from engine.decode_blocks import DecodeBlocksMixin
 from engine.errors import InvariantError
 from engine.events import EventKind, EventSink
 from engine.invariants import FREE_OWNER
 from engine.prefix_cache import PrefixCacheMixin
 from engine.sequence import Sequence
 
-ALLOCATE, APPEND_BLOCK, FREE = EventKind.ALLOCATE, EventKind.APPEND_BLOCK, EventKind.FREE
-PREFIX_HIT, CACHE, EVICT = EventKind.PREFIX_HIT, EventKind.CACHE, EventKind.EVICT
+ALLOCATE, FREE, PREFIX_HIT = EventKind.ALLOCATE, EventKind.FREE, EventKind.PREFIX_HIT
 _NOT_QUEUED = -1
 _PAD = -1  # list entries before _head: never read
 
 
-class KVCacheManagerMixin(PrefixCacheMixin):
+class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
     """vLLM's v1 block operations over the BlockManager's pool (see the module docstring)."""
 
     # The BlockManager's state this half reads and writes.
@@ -270,88 +271,6 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             self.cache_blocks(seq, num_cacheable, table_index)
         return True
 
-    def append_decode_block(self, seq: Sequence) -> None:
-        """``allocate_slots`` of a running sequence whose next token starts a new block (the
-        fast decode path): one block from the free queue, the same events."""
-        b, key = self._take_one(seq)
-        sink = self.event_sink
-        if sink is not None:
-            if key is not None and sink.prefix_cache_events:
-                sink.record(EVICT, -1, self.get_num_free_blocks(), [b], 0)
-                sink.record_hashes([key])
-            sink.record_appends([seq.seq_id], [b], self.get_num_free_blocks())
-
-    def _take_one(self, seq: Sequence) -> tuple[int, int | None]:
-        """``append_decode_block`` without its events: the block ``seq`` took from the
-        front of the free queue, and the key it was evicted with (None: it had none)."""
-        b = self._front_block()
-        key = None
-        if self._has_key_c[b]:
-            self._has_key_c[b] = 0
-            key = self._drop_key(b)
-        self._owners[b] = seq.seq_id
-        seq.block_table.append(b)
-        return b, key
-
-    def decode_blocks(
-        self, needing: list[Sequence], filling: list[Sequence], order: dict[int, int]
-    ) -> None:
-        """The block work of a decode-only pass (FastV1Scheduler's): each of ``needing``
-        takes a block (``append_decode_block``), each of ``filling`` caches the block its
-        token fills (``cache_decode_block``; the sequences' keys must not need their
-        tokens, or be synced). Both lists are in running order; ``order`` (seq_id ->
-        running position) merges them as the plain pass visits them. The events are those
-        calls' events, recorded as one block run."""
-        if not needing:
-            visits = [(s, False) for s in filling]
-        elif not filling:
-            visits = [(s, True) for s in needing]
-        else:  # two sorted runs: one merge
-            visits = sorted(
-                [*((s, True) for s in needing), *((s, False) for s in filling)],
-                key=lambda v: order[v[0].seq_id],
-            )
-        sink = self.event_sink
-        if sink is None:
-            take, cache = self._take_one, self._cache_one
-            for seq, takes in visits:
-                if takes:
-                    take(seq)
-                else:
-                    cache(seq)
-            return
-        cache_events = sink.prefix_cache_events
-        kinds: list[int] = []
-        seq_ids: list[int] = []
-        blocks: list[int] = []
-        tokens: list[int] = []
-        keys: list[int] = []
-        free_before = self.get_num_free_blocks()
-        for seq, takes in visits:
-            if takes:
-                b, key = self._take_one(seq)
-                if key is not None and cache_events:
-                    kinds.append(EVICT)
-                    seq_ids.append(-1)
-                    blocks.append(b)
-                    tokens.append(0)
-                    keys.append(key)
-                kinds.append(APPEND_BLOCK)
-                tokens.append(1)
-            else:
-                b, key = self._cache_one(seq)
-                if not cache_events:
-                    continue
-                kinds.append(CACHE)
-                tokens.append(seq._num_cached_blocks - 1)
-                keys.append(key)
-            seq_ids.append(seq.seq_id)
-            blocks.append(b)
-        if kinds:
-            sink.record_block_events(kinds, seq_ids, blocks, tokens, free_before)
-            if keys:
-                sink.record_hashes(keys)
-
     def _touch(self, seq: Sequence, hit_blocks: list[int]) -> None:
         """Take one more reference to each hit block; a free (evictable) one leaves the free
         queue from the middle."""
@@ -391,9 +310,7 @@ class KVCacheManagerMixin(PrefixCacheMixin):
             counts = held - 1
             if counts.min() < 0:
                 b = int(index[np.argmax(counts < 0)])
-                raise InvariantError(
-                    f"block {b} in sequence {seq.seq_id}'s table was already free"
-                )
+                raise InvariantError(f"block {b} in sequence {seq.seq_id}'s table was already free")
             refs[index] = counts
             zero = counts == 0
             released = index if zero.all() else index[zero]

@@ -164,6 +164,18 @@ class PrefixCacheMixin:
         else:
             self._cached[key] = entry
 
+    def _map_insert(self, key: int, b: int) -> None:
+        """Map ``key`` to block ``b`` too (after the blocks already holding it)."""
+        cached = self._cached
+        entry = cached.get(key)
+        if entry is None:
+            cached[key] = b
+        elif isinstance(entry, int):
+            cached[key] = [entry, b]
+            self._num_shared_keys += 1
+        else:
+            entry.append(b)
+
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks of ``seq``'s longest cached prefix, at most num_tokens - 1
         tokens (the last token is always recomputed, for its logits); [] without caching."""
@@ -262,14 +274,7 @@ class PrefixCacheMixin:
             cached.update(zip(new_keys, new_blocks))  # the usual case: content not cached yet
         else:
             for b, key in zip(new_blocks, new_keys):
-                entry = cached.get(key)
-                if entry is None:
-                    cached[key] = b
-                elif entry.__class__ is int:
-                    cached[key] = [entry, b]
-                    self._num_shared_keys += 1
-                else:
-                    entry.append(b)  # type: ignore[union-attr]
+                self._map_insert(key, b)
         if num_full - start == 1:
             b = new_blocks[0]
             self._block_key_c[b] = new_keys[0]
@@ -297,53 +302,6 @@ class PrefixCacheMixin:
         if sink is not None and sink.prefix_cache_events:
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
             sink.record_hashes(new_keys)
-
-    def cache_decode_block(self, seq: Sequence) -> None:
-        """``cache_blocks`` when a decode token fills exactly one block (the fast decode
-        path): its key made in O(1) from the previous one, the same events."""
-        b, key = self._cache_one(seq)
-        sink = self.event_sink
-        if sink is not None and sink.prefix_cache_events:
-            sink.record(
-                CACHE, seq.seq_id, self.get_num_free_blocks(), (b,), seq._num_cached_blocks - 1
-            )
-            sink.record_hashes((key,))
-
-    def _cache_one(self, seq: Sequence) -> tuple[int, int]:
-        """Cache ``seq``'s next full block (``cache_decode_block`` without its event):
-        returns the block and its key."""
-        i = seq._num_cached_blocks
-        keys = seq.block_hashes
-        if (
-            len(keys) == i
-            and seq.prefix is not None
-            and i > seq.num_prompt_tokens // self.block_size
-        ):
-            key = hash((keys[-1], GEN_TAG))
-            keys.append(key)
-        else:
-            key = ensure_block_hashes(seq, i + 1, self.block_size)[i]
-        b = seq.block_table[i]
-        if seq.prefix is not None and not seq.prefix.shared:
-            self._private_c[b] = 1
-            self._cached_at_c[b] = self._cache_clock
-        else:
-            cached = self._cached
-            entry = cached.get(key)
-            if entry is None:
-                cached[key] = b
-            elif entry.__class__ is int:
-                cached[key] = [entry, b]
-                self._num_shared_keys += 1
-            else:
-                entry.append(b)  # type: ignore[union-attr]
-        self._cache_clock += 1
-        self._block_key_c[b] = key
-        self._has_key_c[b] = 1
-        seq._num_cached_blocks = i + 1
-        if self._watch_keys is not None and key in self._watch_keys:
-            self._watch_hit = True
-        return b, key
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;
