@@ -58,6 +58,9 @@ class DecodeBlocksMixin:
     def _map_insert(self, key: int, b: int) -> None:
         raise NotImplementedError
 
+    def key_deferred_blocks(self, seq: Sequence) -> None:
+        raise NotImplementedError
+
     def append_decode_block(self, seq: Sequence) -> None:
         """``allocate_slots`` of a running sequence whose next token starts a new block (the
         fast decode path): one block from the free queue, the same events."""
@@ -151,8 +154,15 @@ class DecodeBlocksMixin:
 
     def _cache_one(self, seq: Sequence) -> tuple[int, int]:
         """Cache ``seq``'s next full block (``cache_decode_block`` without its event):
-        returns the block and its key."""
+        returns the block and its key (0 when its caching is deferred)."""
         i = seq._num_cached_blocks
+        source = seq.prefix
+        if source is not None and not source.shared:
+            if self.event_sink is None:  # deferred (PrefixCacheMixin.cache_blocks)
+                seq._num_cached_blocks = i + 1
+                return seq.block_table[i], 0
+            if seq._num_keyed_blocks < i:  # deferred while there was no event sink
+                self.key_deferred_blocks(seq)
         keys = seq.block_hashes
         if (
             len(keys) == i
@@ -172,7 +182,7 @@ class DecodeBlocksMixin:
         self._cache_clock += 1
         self._block_key_c[b] = key
         self._has_key_c[b] = 1
-        seq._num_cached_blocks = i + 1
+        seq._num_cached_blocks = seq._num_keyed_blocks = i + 1
         if self._watch_keys is not None and key in self._watch_keys:
             self._watch_hit = True
         return b, key
@@ -209,33 +219,32 @@ class DecodeBlocksMixin:
         self._head = head
 
     def cache_decode_blocks(self, seqs: list[Sequence]) -> None:
-        """``_cache_one`` for each of ``seqs`` in order, in one loop (no events); their keys
-        must not need their tokens, or be synced."""
+        """``_cache_one`` for each of ``seqs`` in order, in one loop (no event sink: a unique
+        prompt's caching is deferred); their keys must not need their tokens, or be
+        synced."""
         if not seqs:
             return
         bs = self.block_size
         block_key, has_key = self._block_key_c, self._has_key_c
-        private, cached_at = self._private_c, self._cached_at_c
         clock, watch = self._cache_clock, self._watch_keys
         for seq in seqs:
             i = seq._num_cached_blocks
-            keys = seq.block_hashes
             source = seq.prefix
+            if source is not None and not source.shared:
+                seq._num_cached_blocks = i + 1  # deferred (cache_blocks)
+                continue
+            keys = seq.block_hashes
             if len(keys) == i and source is not None and i > seq.num_prompt_tokens // bs:
                 key = hash((keys[-1], GEN_TAG))
                 keys.append(key)
             else:
                 key = ensure_block_hashes(seq, i + 1, bs)[i]
             b = seq.block_table[i]
-            if source is not None and not source.shared:
-                private[b] = 1
-                cached_at[b] = clock
-            else:
-                self._map_insert(key, b)
+            self._map_insert(key, b)
             clock += 1
             block_key[b] = key
             has_key[b] = 1
-            seq._num_cached_blocks = i + 1
+            seq._num_cached_blocks = seq._num_keyed_blocks = i + 1
             if watch is not None and key in watch:
                 self._watch_hit = True
         self._cache_clock = clock

@@ -238,7 +238,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         if num_hit:
             self._touch(seq, hit_blocks)
             table.extend(hit_blocks)
-            seq._num_cached_blocks = num_hit
+            seq._num_cached_blocks = seq._num_keyed_blocks = num_hit
             if sink is not None:
                 sink.record(
                     PREFIX_HIT, seq.seq_id, self.get_num_free_blocks(), hit_blocks, num_hit * bs
@@ -289,9 +289,11 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         blocks (engine/prefix_cache.py)."""
         table = seq.block_table
         private = seq.prefix is not None and not seq.prefix.shared
+        if private and seq._num_keyed_blocks < seq._num_cached_blocks:
+            self.key_deferred_blocks(seq)
         if preempted and private and seq._num_cached_blocks:
             seq._cached_tables.append(table[: seq._num_cached_blocks])
-        seq._num_cached_blocks = 0
+        seq._num_cached_blocks = seq._num_keyed_blocks = 0
         if not table:
             self._seqs.pop(seq.seq_id, None)
             return

@@ -247,9 +247,18 @@ class PrefixCacheMixin:
         start = seq._num_cached_blocks
         if start >= num_full:
             return
+        source = seq.prefix
+        if source is not None and not source.shared:
+            if self.event_sink is None:
+                # Deferred: nobody else can hit these blocks and no event wants their keys
+                # now, so their flags and keys are written when they are freed (or an event
+                # sink appears): Azure bench v1+caching min thread CPU 4.56 -> 3.80 s.
+                seq._num_cached_blocks = num_full
+                return
+            if seq._num_keyed_blocks < start:
+                self.key_deferred_blocks(seq)
         keys = seq.block_hashes
         key_array = None
-        source = seq.prefix
         if (
             len(keys) == start
             and source is not None
@@ -295,13 +304,30 @@ class PrefixCacheMixin:
                     self._cache_clock, self._cache_clock + len(index), dtype=np.int64
                 )
         self._cache_clock += num_full - start
-        seq._num_cached_blocks = num_full
+        seq._num_cached_blocks = seq._num_keyed_blocks = num_full
         if self._watch_keys is not None and not self._watch_keys.isdisjoint(new_keys):
             self._watch_hit = True
         sink = self.event_sink
         if sink is not None and sink.prefix_cache_events:
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
             sink.record_hashes(new_keys)
+
+    def key_deferred_blocks(self, seq: Sequence) -> None:
+        """Write the keys and cached flags of ``seq``'s cached blocks whose caching was
+        deferred (a unique prompt's, with no event sink), as ``cache_blocks`` would have,
+        in table order. Their CACHE events are not recorded (there was no sink)."""
+        start, end = seq._num_keyed_blocks, seq._num_cached_blocks
+        if start >= end:
+            return
+        keys = ensure_block_hashes(seq, end, self.block_size)
+        index = np.array(seq.block_table[start:end], dtype=np.intp)
+        self._block_key[index] = keys[start:end]
+        self._has_key[index] = True
+        self._private[index] = True
+        clock = self._cache_clock
+        self._cached_at[index] = np.arange(clock, clock + end - start, dtype=np.int64)
+        self._cache_clock = clock + end - start
+        seq._num_keyed_blocks = end
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (vLLM's reset_prefix_cache): only when no block is held;

@@ -60,8 +60,9 @@ def test_fast_v1_matches_the_plain_v1_scheduler(
 def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
     ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
 ) -> None:
-    # With no sink the fast path takes cheaper routes (block takes and caches unmerged,
-    # no keys made for evictions); the pool after every step must still be the plain one's.
+    # With no sink the engine takes cheaper routes (a unique prompt's caching deferred to
+    # its free, block takes and caches unmerged, no keys made for evictions); the pool at
+    # every step must still be the plain one's, and that of a run with events.
     plain = drive(False, ops, setup, check=True, events=False)
     fast = drive(True, ops, setup, check=True, events=False)
     assert fast.trace == plain.trace
@@ -73,9 +74,24 @@ def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
             b.finish_reason,
         )
     assert pool_state(fast.scheduler.block_manager) == pool_state(plain.scheduler.block_manager)
-    # and the decisions are those of a run with events
-    recorded = drive(False, ops, setup, check=False)
-    assert [step[:10] for step in plain.trace] == [step[:10] for step in recorded.trace]
+    recorded = drive(False, ops, setup, check=True, pools=True)
+    assert plain.trace == recorded.trace
+    assert pool_state(plain.scheduler.block_manager) == pool_state(recorded.scheduler.block_manager)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=2, max_size=40), setup=v1_setups(), at=st.integers(1, 39))
+def test_an_event_sink_attached_mid_run_sees_the_pool_of_a_recorded_run(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], at: int
+) -> None:
+    # Blocks cached with no sink get their keys before a sink could see them uncached.
+    for fast in (False, True):
+        late = drive(fast, ops, setup, check=True, pools=True, attach_after=at % len(ops))
+        recorded = drive(fast, ops, setup, check=True, pools=True)
+        assert late.trace == recorded.trace
+        assert pool_state(late.scheduler.block_manager) == pool_state(
+            recorded.scheduler.block_manager
+        )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -83,17 +83,23 @@ def drive(
     setup: dict[str, Any],
     check: bool,
     events: bool = True,
+    pools: bool | None = None,
+    attach_after: int | None = None,
 ) -> Drive:
     """Run ``ops`` through a fresh v1 scheduler (FastV1Scheduler if ``fast``). Without
-    ``events`` no event sink is attached (the engine's cheaper paths), and each traced step
-    carries the pool as scheduled instead: block tables and the free queue with its keys."""
+    ``events`` no event sink is attached (the engine's cheaper paths). With ``pools``
+    (default: without ``events``) each traced step carries the pool as scheduled: block
+    tables and the free queue with its keys. ``attach_after``: attach the event sink only
+    after that many ops (a run that starts without one)."""
+    if pools is None:
+        pools = not events
     recorder = EventRecorder(keep_block_hashes=True)
     bs = setup["block_size"]
     bm = BlockManager(
         setup["num_blocks"],
         bs,
         setup["watermark"],
-        event_sink=recorder if events else None,
+        event_sink=recorder if events and attach_after is None else None,
         enable_prefix_caching=setup["caching"],
     )
     config = SchedulerConfig(
@@ -160,13 +166,15 @@ def drive(
     def one_step() -> None:
         out = sched.schedule()
         used = bm.num_used_blocks
-        pool = None if events else pool_state(bm)  # as scheduled (a plain step's is)
+        pool = pool_state(bm) if pools else None  # as scheduled (a plain step's is)
         contexts = contexts_of(out)
         finished = sched.update(out, [0] * out.num_seqs)
         step_record(out, finished, used, contexts, pool)
         checked()
 
-    for kind, a, b, c, d in ops:
+    for number, (kind, a, b, c, d) in enumerate(ops):
+        if number == attach_after:
+            bm.event_sink = sched.event_sink = recorder
         if kind == "add":
             seq_id = len(seqs)
             params = SamplingParams(max_tokens=c, ignore_eos=True)
@@ -190,7 +198,7 @@ def drive(
             checked()
         elif kind == "abort_mid_step":
             out = sched.schedule()
-            pool = None if events else pool_state(bm)
+            pool = pool_state(bm) if pools else None
             contexts = contexts_of(out)
             trace.append(("abort", a, sched.abort(a)))
             used = bm.num_used_blocks
@@ -198,7 +206,7 @@ def drive(
             step_record(out, finished, used, contexts, pool)
             checked()
         elif kind == "run" and fast:
-            a -= run_plain(sched, bm, a, trace, setup["inspect"], events)
+            a -= run_plain(sched, bm, a, trace, setup["inspect"], pools)
             checked()
             for _ in range(a):
                 one_step()
@@ -222,7 +230,7 @@ def drive(
 
 
 def run_plain(
-    sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool, events: bool
+    sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool, pools: bool
 ) -> int:
     """Up to ``max_steps`` plain steps through run_plain_decodes, traced as a step is (the
     plain scheduler runs them as ordinary steps); returns how many ran."""
@@ -255,7 +263,7 @@ def run_plain(
                 None,
                 num_used_blocks,
                 inspected,
-                None if events else pool_state(bm),
+                pool_state(bm) if pools else None,
             ]
         )
         return len(steps) < max_steps
