@@ -288,16 +288,18 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         no-op. A ``preempted`` sequence whose prompt nobody shares remembers its cached
         blocks (engine/prefix_cache.py)."""
         table = seq.block_table
+        if not table:
+            seq._num_cached_blocks = seq._num_keyed_blocks = 0
+            self._seqs.pop(seq.seq_id, None)
+            return
+        forward = np.array(table, dtype=np.intp)
         private = seq.prefix is not None and not seq.prefix.shared
         if private and seq._num_keyed_blocks < seq._num_cached_blocks:
-            self.key_deferred_blocks(seq)
+            self.key_deferred_blocks(seq, forward)
         if preempted and private and seq._num_cached_blocks:
             seq._cached_tables.append(table[: seq._num_cached_blocks])
         seq._num_cached_blocks = seq._num_keyed_blocks = 0
-        if not table:
-            self._seqs.pop(seq.seq_id, None)
-            return
-        index = np.array(table, dtype=np.intp)[::-1]
+        index = forward[::-1]
         refs = self._ref_counts_np
         held = refs[index]
         size = 4 * len(table)
