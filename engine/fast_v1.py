@@ -79,6 +79,8 @@ class FastV1Scheduler(LazyV1Scheduler):
             raise SchedulerError("a plain decode step is pending; call end_plain_decode()")
         if self._pending is not None:
             raise SchedulerError(f"step {self._pending.step} was scheduled but never updated")
+        if self.block_manager.event_sink is not None:
+            self._count_fills()
         out = self._schedule_fast()
         if out is None:
             self._detach_all()
@@ -220,42 +222,6 @@ class FastV1Scheduler(LazyV1Scheduler):
             else:
                 self._cache_decode(seq)
 
-    def _decode_pass(self, needing: list[Sequence], filling: list[Sequence]) -> None:
-        """The running pass of a step where every running sequence decodes: ``needing``
-        take a block, ``filling`` cache the block their token fills (block size > 1)."""
-        bm = self.block_manager
-        if bm.event_sink is None:
-            # Without events, takes and caches commute (BlockManager.decode_blocks), so
-            # each batch runs in one loop: with the unique-key table of
-            # engine/prefix_keys.py, Azure bench first 8,000 requests min thread CPU 2.12 ->
-            # 1.95 s (ab_bench.py, 4 rounds).
-            bm.take_decode_blocks(needing)
-            if filling:
-                self._cache_filling(filling)
-            return
-        if len(needing) + len(filling) > 1:
-            for seq in filling:
-                if seq.prefix is None:
-                    self._sync(seq)  # its keys are made from its tokens
-            bm.decode_blocks(needing, filling, self._order)
-        elif needing:  # one block: the batch's fixed costs would outweigh its savings
-            bm.append_decode_block(needing[0])
-        elif filling:
-            self._cache_decode(filling[0])
-
-    def _cache_filling(self, filling: list[Sequence]) -> None:
-        """Cache the blocks the tokens of ``filling`` fill, with no event sink."""
-        for seq in filling:
-            if seq.prefix is None:
-                self._sync(seq)  # its keys are made from its tokens
-        self.block_manager.cache_decode_blocks(filling)
-
-    def _cache_decode(self, seq: Sequence) -> None:
-        """Cache the block a lazily tracked decoder's token fills this step."""
-        if seq.prefix is None:
-            self._sync(seq)  # its keys are made from its tokens
-        self.block_manager.cache_decode_block(seq)
-
     # --- update -------------------------------------------------------------------------------
 
     def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
@@ -306,6 +272,8 @@ class FastV1Scheduler(LazyV1Scheduler):
         if self._pending is not None or self._plain_pending:
             raise SchedulerError("a step is pending; update it before starting another")
         bm, sink, blocked = self.block_manager, self.event_sink, self._head
+        if bm.event_sink is not None:
+            self._count_fills()
         bs, num_blocks = bm.block_size, bm.num_blocks
         buckets, heap = self._buckets, self._finish_heap
         max_tokens = self.config.max_num_batched_tokens
@@ -323,6 +291,8 @@ class FastV1Scheduler(LazyV1Scheduler):
         n = len(self._running)
         d, step = self._decodes, self.step
         num_free = bm.get_num_free_blocks()
+        if fills and sink is None and bm.event_sink is None:
+            self._fills_counted_at_sync = True
         while n and not self._nonlazy and not self._finished_early:
             if check_head or bm._watch_hit:
                 budget = max_tokens - n
@@ -342,20 +312,29 @@ class FastV1Scheduler(LazyV1Scheduler):
             if single:
                 self._running_pass(_NO_CHUNKS)
             elif fills:
-                filling = buckets[(-d - 1) % bs]
                 if sink is None:  # _decode_pass without events, inlined
                     if k:
                         take(needing)
-                    if filling:
-                        cache_filling(filling)
-                elif k or filling:
-                    decode_pass(needing, filling)
+                    if self._num_shared_running:
+                        filling = buckets[(-d - 1) % bs]
+                        if filling:
+                            cache_filling(filling)
+                    # else: unique prompts only, their fills are counted at _sync
+                    # (lazy_v1.py): Azure bench first 8,000 requests, median thread CPU
+                    # 2.08 -> 1.96 s (6 rounds interleaved)
+                else:
+                    filling = buckets[(-d - 1) % bs]
+                    if k or filling:
+                        decode_pass(needing, filling)
             elif k:
                 decode_pass(needing, _NO_SEQS)
             num_free -= k
             if sink is not None:
                 sink.record_step(DECODE, n, n, num_free)
-            if not on_step(n, self.num_cached_tokens + n, num_blocks - num_free):
+            self._in_step = True
+            ran = on_step(n, self.num_cached_tokens + n, num_blocks - num_free)
+            self._in_step = False
+            if not ran:
                 self._plain_pending = True
                 return True
             d += 1

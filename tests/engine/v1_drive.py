@@ -38,6 +38,9 @@ op = st.one_of(
     st.tuples(st.just("abort"), st.integers(0, 30), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("abort_mid_step"), st.integers(0, 30), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("run"), st.integers(1, 12), st.just(0), st.just(0), st.just(0)),
+    # "run" whose last step aborts sequence b between its schedule and update (the fast
+    # scheduler: while a plain decode step is pending)
+    st.tuples(st.just("run_abort"), st.integers(1, 12), st.integers(0, 30), st.just(0), st.just(0)),
 )
 
 
@@ -172,9 +175,20 @@ def drive(
         step_record(out, finished, used, contexts, pool)
         checked()
 
+    def abort_mid_step(seq_id: int) -> None:
+        out = sched.schedule()
+        pool = pool_state(bm) if pools else None
+        contexts = contexts_of(out)
+        trace.append(("abort", seq_id, sched.abort(seq_id)))
+        used = bm.num_used_blocks
+        finished = sched.update(out, [0] * out.num_seqs)
+        step_record(out, finished, used, contexts, pool)
+        checked()
+
     for number, (kind, a, b, c, d) in enumerate(ops):
         if number == attach_after:
             bm.event_sink = sched.event_sink = recorder
+            recorder.begin_step(sched.step)  # as if it had seen the steps so far
         if kind == "add":
             seq_id = len(seqs)
             params = SamplingParams(max_tokens=c, ignore_eos=True)
@@ -197,19 +211,20 @@ def drive(
             trace.append(("abort", a, sched.abort(a)))
             checked()
         elif kind == "abort_mid_step":
-            out = sched.schedule()
-            pool = pool_state(bm) if pools else None
-            contexts = contexts_of(out)
-            trace.append(("abort", a, sched.abort(a)))
-            used = bm.num_used_blocks
-            finished = sched.update(out, [0] * out.num_seqs)
-            step_record(out, finished, used, contexts, pool)
-            checked()
+            abort_mid_step(a)
         elif kind == "run" and fast:
             a -= run_plain(sched, bm, a, trace, setup["inspect"], pools)
             checked()
             for _ in range(a):
                 one_step()
+        elif kind == "run_abort":
+            if fast:
+                a -= run_plain(sched, bm, a, trace, setup["inspect"], pools, abort=b)
+                checked()
+            if a:  # not aborted yet
+                for _ in range(a - 1):
+                    one_step()
+                abort_mid_step(b)
         else:
             for _ in range(a):
                 one_step()
@@ -230,10 +245,17 @@ def drive(
 
 
 def run_plain(
-    sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool, pools: bool
+    sched: Any,
+    bm: BlockManager,
+    max_steps: int,
+    trace: list[Any],
+    inspect: bool,
+    pools: bool,
+    abort: int | None = None,
 ) -> int:
     """Up to ``max_steps`` plain steps through run_plain_decodes, traced as a step is (the
-    plain scheduler runs them as ordinary steps); returns how many ran."""
+    plain scheduler runs them as ordinary steps); returns how many ran. With ``abort``, the
+    last of ``max_steps`` steps (left pending) aborts that sequence before its update."""
     steps: list[list[Any]] = []
 
     def close_last() -> None:
@@ -271,10 +293,17 @@ def run_plain(
     def on_finished(seqs: list[Sequence]) -> None:
         steps[-1][6] = [s.seq_id for s in seqs]
 
+    aborted = None
     if sched.run_plain_decodes(on_step, on_finished):
+        if abort is not None:  # the last step is pending: abort_mid_step's abort
+            aborted = ("abort", abort, sched.abort(abort))
+            steps[-1][8] = bm.num_used_blocks
         on_finished(sched.end_plain_decode())
     close_last()
-    trace.extend(tuple(step) for step in steps)
+    trace.extend(tuple(step) for step in steps[: -1 if aborted else None])
+    if aborted:
+        trace.append(aborted)
+        trace.append(tuple(steps[-1]))
     return len(steps)
 
 
