@@ -158,12 +158,21 @@ def check_v1_block_manager(
                 f"{seq.cached_token_count} computed of {seq.num_tokens} tokens need {lo}..{hi}"
             )
         c = seq._num_cached_blocks
-        if c > len(table) or c > len(seq.block_hashes):
+        # the first `keyed` carry their keys; the rest of the cached ones are a unique
+        # prompt's, deferred while there is no event sink (engine/prefix_cache.py)
+        keyed = seq._num_keyed_blocks
+        unique = seq.prefix is not None and not seq.prefix.shared
+        if c > len(table) or keyed > len(seq.block_hashes) or keyed > c:
             raise InvariantError(
-                f"sequence {seq_id} counts {c} cached blocks of a {len(table)}-block table"
+                f"sequence {seq_id} counts {c} cached blocks ({keyed} keyed) of a "
+                f"{len(table)}-block table"
+            )
+        if keyed < c and not unique:
+            raise InvariantError(
+                f"sequence {seq_id} shares its prompt but {c - keyed} cached blocks carry no key"
             )
         for i, b in enumerate(table):
-            expected = seq.block_hashes[i] if i < c else None
+            expected = seq.block_hashes[i] if i < keyed else None
             if block_key[b] != expected:
                 raise InvariantError(
                     f"block {b} (index {i} of sequence {seq_id}'s table, {c} cached) carries "

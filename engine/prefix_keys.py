@@ -74,6 +74,9 @@ def _mix_int(x: int) -> int:
 with np.errstate(over="ignore"):
     _MIXED_INDEX = _mix(np.arange(1 << 14, dtype=np.uint64))
 _MIXED_INDEX.flags.writeable = False
+with np.errstate(over="ignore"):
+    _UNIQUE_STEPS = np.arange(1 << 14, dtype=np.uint64) * _UNIQUE_STRIDE  # i * stride
+_UNIQUE_STEPS.flags.writeable = False
 
 
 def _block_keys(parents: np.ndarray, start: int, end: int) -> list[int]:
@@ -110,6 +113,11 @@ class PrefixSource:
         """A key equal for two sequences exactly when their whole prompts are equal."""
         raise NotImplementedError
 
+    def prompt_block_key_array(self, salt: int, start: int, end: int) -> np.ndarray:
+        """``prompt_block_keys`` as an int64 array (for sources whose keys need no block
+        size: those that are not ``shared``)."""
+        raise NotImplementedError
+
 
 class UniquePrefix(PrefixSource):
     """A prompt no other request shares (its keys are salted with the seq_id, which must
@@ -123,10 +131,17 @@ class UniquePrefix(PrefixSource):
         # preempted sequence's own resume looks for them), so they need to be distinct, not
         # mixed: base + i * odd constant (mod 2^64) is. Three numpy operations instead of
         # _block_keys' two splitmix rounds: 24 -> 12 us for a 64-block prompt.
+        return self.prompt_block_key_array(salt, start, end).tolist()  # type: ignore[no-any-return]
+
+    def prompt_block_key_array(self, salt: int, start: int, end: int) -> np.ndarray:
         base = np.uint64(hash((_UNIQUE, salt)) & _MASK)
+        if end <= len(_UNIQUE_STEPS):
+            # one addition to a table made once, no errstate (array arithmetic wraps without
+            # a warning): 7.7 -> 2.4 us for 80 blocks (timeit)
+            return (_UNIQUE_STEPS[start:end] + base).view(np.int64)  # type: ignore[no-any-return]
         with np.errstate(over="ignore"):
             keys = np.arange(start, end, dtype=np.uint64) * _UNIQUE_STRIDE + base
-        return keys.view(np.int64).tolist()  # type: ignore[no-any-return]
+        return keys.view(np.int64)  # type: ignore[no-any-return]
 
     def prompt_key(self, salt: int, num_prompt_tokens: int) -> int:
         return hash((_UNIQUE, salt, _PROMPT_END))

@@ -82,6 +82,7 @@ class Sequence:
         "_cached_tables",
         "_finish_cached_count",
         "_num_cached_blocks",
+        "_num_keyed_blocks",
         "_stop_ids",
         "arrival_time",
         "block_hashes",
@@ -134,6 +135,9 @@ class Sequence:
         # preemptions; and how many leading blocks of block_table are in the prefix cache.
         self.block_hashes: list[int] = []
         self._num_cached_blocks = 0
+        # How many of those carry their key and cached flags in the BlockManager yet: fewer
+        # while a unique prompt's caching is deferred (no event sink: engine/prefix_cache.py).
+        self._num_keyed_blocks = 0
         # The cached part of each table it was preempted with (private prefix caching:
         # engine/prefix_cache.py).
         self._cached_tables: list[list[int]] = []

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from v1_drive import drive, make_prompt, op, v1_setups
+from v1_drive import drive, make_prompt, op, pool_state, v1_setups
 
 from engine import (
     BlockManager,
@@ -55,6 +55,74 @@ def test_fast_v1_matches_the_plain_v1_scheduler(
     bm.check_invariants()
 
 
+# One unique prompt at block size 4, decoding with no event sink: its fills are counted
+# only when it is brought up to date (engine/lazy_v1.py).
+UNIQUE_BS4 = {
+    "num_blocks": 40, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 256,
+    "threshold": 0, "policy": "fcfs", "caching": True, "chunked": True, "watermark": 0.0,
+    "max_model_len": None, "prefix_kind": "unique", "inspect": False,
+}  # fmt: skip
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+# aborted in the plain step whose token fills its second block
+@example(
+    ops=[("add", 0, 1, 30, 0), ("step", 1, 0, 0, 0), ("run_abort", 3, 0, 0, 0)], setup=UNIQUE_BS4
+)
+def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    # With no sink the engine takes cheaper routes (a unique prompt's caching deferred to
+    # its free, block takes and caches unmerged, no keys made for evictions); the pool at
+    # every step must still be the plain one's, and that of a run with events.
+    plain = drive(False, ops, setup, check=True, events=False)
+    fast = drive(True, ops, setup, check=True, events=False)
+    assert fast.trace == plain.trace
+    for a, b in zip(fast.sequences, plain.sequences):
+        assert (a.status, a.generated_token_ids, a.num_preemptions, a.finish_reason) == (
+            b.status,
+            b.generated_token_ids,
+            b.num_preemptions,
+            b.finish_reason,
+        )
+    assert pool_state(fast.scheduler.block_manager) == pool_state(plain.scheduler.block_manager)
+    recorded = drive(False, ops, setup, check=True, pools=True)
+    assert plain.trace == recorded.trace
+    assert pool_state(plain.scheduler.block_manager) == pool_state(recorded.scheduler.block_manager)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=2, max_size=40), setup=v1_setups(), at=st.integers(1, 39))
+# attached after plain steps that filled a block, before a step that fills the next
+@example(
+    ops=[("add", 0, 1, 30, 0), ("step", 1, 0, 0, 0), ("run", 3, 0, 0, 0), ("step", 1, 0, 0, 0)],
+    setup=UNIQUE_BS4,
+    at=3,
+)
+def test_an_event_sink_attached_mid_run_sees_the_pool_of_a_recorded_run(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], at: int
+) -> None:
+    # Blocks cached with no sink get their keys and counts before a sink sees them; the
+    # events from then on are the recorded run's. (No invariant checks between ops: they
+    # bring every sequence up to date, which would hide a stale count.)
+    for fast in (False, True):
+        late = drive(fast, ops, setup, check=False, pools=True, attach_after=at % len(ops))
+        recorded = drive(fast, ops, setup, check=False, pools=True)
+        assert late.trace == recorded.trace
+        assert pool_state(late.scheduler.block_manager) == pool_state(
+            recorded.scheduler.block_manager
+        )
+        num_events = len(late.events["kind"])
+        for name, column in late.events.items():
+            assert recorded.events[name][len(recorded.events[name]) - num_events :] == column
+        assert recorded.block_ids[len(recorded.block_ids) - len(late.block_ids) :] == (
+            late.block_ids
+        )
+        num_keys = len(late.block_hashes)
+        assert recorded.block_hashes[len(recorded.block_hashes) - num_keys :] == late.block_hashes
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
 def test_every_request_ends_and_outputs_are_consistent(
@@ -65,7 +133,7 @@ def test_every_request_ends_and_outputs_are_consistent(
     for step in result.trace:
         if step[0] == "abort":
             continue
-        _, batch, tokens, preempted, _, admitted, _, _, _, _ = step
+        _, batch, tokens, preempted, _, admitted, _, _, _, _, _ = step
         assert sum(tokens) <= budget
         assert len(batch) == len(set(batch)) <= setup["max_num_seqs"]
         assert not set(preempted) & set(batch)

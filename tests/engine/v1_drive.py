@@ -38,6 +38,9 @@ op = st.one_of(
     st.tuples(st.just("abort"), st.integers(0, 30), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("abort_mid_step"), st.integers(0, 30), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.just("run"), st.integers(1, 12), st.just(0), st.just(0), st.just(0)),
+    # "run" whose last step aborts sequence b between its schedule and update (the fast
+    # scheduler: while a plain decode step is pending)
+    st.tuples(st.just("run_abort"), st.integers(1, 12), st.integers(0, 30), st.just(0), st.just(0)),
 )
 
 
@@ -78,15 +81,28 @@ def make_prompt(mask: int, own: int, seq_id: int) -> list[int]:
 
 
 def drive(
-    fast: bool, ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], check: bool
+    fast: bool,
+    ops: list[tuple[str, int, int, int, int]],
+    setup: dict[str, Any],
+    check: bool,
+    events: bool = True,
+    pools: bool | None = None,
+    attach_after: int | None = None,
 ) -> Drive:
+    """Run ``ops`` through a fresh v1 scheduler (FastV1Scheduler if ``fast``). Without
+    ``events`` no event sink is attached (the engine's cheaper paths). With ``pools``
+    (default: without ``events``) each traced step carries the pool as scheduled: block
+    tables and the free queue with its keys. ``attach_after``: attach the event sink only
+    after that many ops (a run that starts without one)."""
+    if pools is None:
+        pools = not events
     recorder = EventRecorder(keep_block_hashes=True)
     bs = setup["block_size"]
     bm = BlockManager(
         setup["num_blocks"],
         bs,
         setup["watermark"],
-        event_sink=recorder,
+        event_sink=recorder if events and attach_after is None else None,
         enable_prefix_caching=setup["caching"],
     )
     config = SchedulerConfig(
@@ -110,7 +126,11 @@ def drive(
             bm.check_invariants()
 
     def step_record(
-        out: Any, finished: list[Sequence], used: int, contexts: tuple[int, list[int]] | None
+        out: Any,
+        finished: list[Sequence],
+        used: int,
+        contexts: tuple[int, list[int]] | None,
+        pool: tuple[Any, ...] | None,
     ) -> None:
         trace.append(
             (
@@ -124,6 +144,7 @@ def drive(
                 sched.num_cached_tokens,
                 used,
                 contexts,
+                pool,
             )
         )
 
@@ -148,12 +169,26 @@ def drive(
     def one_step() -> None:
         out = sched.schedule()
         used = bm.num_used_blocks
+        pool = pool_state(bm) if pools else None  # as scheduled (a plain step's is)
         contexts = contexts_of(out)
         finished = sched.update(out, [0] * out.num_seqs)
-        step_record(out, finished, used, contexts)
+        step_record(out, finished, used, contexts, pool)
         checked()
 
-    for kind, a, b, c, d in ops:
+    def abort_mid_step(seq_id: int) -> None:
+        out = sched.schedule()
+        pool = pool_state(bm) if pools else None
+        contexts = contexts_of(out)
+        trace.append(("abort", seq_id, sched.abort(seq_id)))
+        used = bm.num_used_blocks
+        finished = sched.update(out, [0] * out.num_seqs)
+        step_record(out, finished, used, contexts, pool)
+        checked()
+
+    for number, (kind, a, b, c, d) in enumerate(ops):
+        if number == attach_after:
+            bm.event_sink = sched.event_sink = recorder
+            recorder.begin_step(sched.step)  # as if it had seen the steps so far
         if kind == "add":
             seq_id = len(seqs)
             params = SamplingParams(max_tokens=c, ignore_eos=True)
@@ -176,18 +211,20 @@ def drive(
             trace.append(("abort", a, sched.abort(a)))
             checked()
         elif kind == "abort_mid_step":
-            out = sched.schedule()
-            contexts = contexts_of(out)
-            trace.append(("abort", a, sched.abort(a)))
-            used = bm.num_used_blocks
-            finished = sched.update(out, [0] * out.num_seqs)
-            step_record(out, finished, used, contexts)
-            checked()
+            abort_mid_step(a)
         elif kind == "run" and fast:
-            a -= run_plain(sched, bm, a, trace, setup["inspect"])
+            a -= run_plain(sched, bm, a, trace, setup["inspect"], pools)
             checked()
             for _ in range(a):
                 one_step()
+        elif kind == "run_abort":
+            if fast:
+                a -= run_plain(sched, bm, a, trace, setup["inspect"], pools, abort=b)
+                checked()
+            if a:  # not aborted yet
+                for _ in range(a - 1):
+                    one_step()
+                abort_mid_step(b)
         else:
             for _ in range(a):
                 one_step()
@@ -207,9 +244,18 @@ def drive(
     )
 
 
-def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], inspect: bool) -> int:
+def run_plain(
+    sched: Any,
+    bm: BlockManager,
+    max_steps: int,
+    trace: list[Any],
+    inspect: bool,
+    pools: bool,
+    abort: int | None = None,
+) -> int:
     """Up to ``max_steps`` plain steps through run_plain_decodes, traced as a step is (the
-    plain scheduler runs them as ordinary steps); returns how many ran."""
+    plain scheduler runs them as ordinary steps); returns how many ran. With ``abort``, the
+    last of ``max_steps`` steps (left pending) aborts that sequence before its update."""
     steps: list[list[Any]] = []
 
     def close_last() -> None:
@@ -239,6 +285,7 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], in
                 None,
                 num_used_blocks,
                 inspected,
+                pool_state(bm) if pools else None,
             ]
         )
         return len(steps) < max_steps
@@ -246,8 +293,26 @@ def run_plain(sched: Any, bm: BlockManager, max_steps: int, trace: list[Any], in
     def on_finished(seqs: list[Sequence]) -> None:
         steps[-1][6] = [s.seq_id for s in seqs]
 
+    aborted = None
     if sched.run_plain_decodes(on_step, on_finished):
+        if abort is not None:  # the last step is pending: abort_mid_step's abort
+            aborted = ("abort", abort, sched.abort(abort))
+            steps[-1][8] = bm.num_used_blocks
         on_finished(sched.end_plain_decode())
     close_last()
-    trace.extend(tuple(step) for step in steps)
+    trace.extend(tuple(step) for step in steps[: -1 if aborted else None])
+    if aborted:
+        trace.append(aborted)
+        trace.append(tuple(steps[-1]))
     return len(steps)
+
+
+def pool_state(bm: BlockManager) -> tuple[Any, ...]:
+    """Everything a v1 pool decides later steps by: each holder's block table, the free
+    queue in order with each free block's key (None: none), and the eviction count."""
+    free = [b for i, b in enumerate(bm._free) if i >= bm._head and bm._queue_pos[b] == i]
+    keys: list[int | None] = [None] * bm.num_blocks
+    if bm.enable_prefix_caching:
+        keys = [int(k) if h else None for k, h in zip(bm._block_key, bm._has_key)]
+    tables = sorted((seq_id, list(seq.block_table)) for seq_id, seq in bm._seqs.items())
+    return tables, [(b, keys[b]) for b in free], getattr(bm, "num_evictions", 0)
