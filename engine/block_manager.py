@@ -93,7 +93,7 @@ class BlockManager(KVCacheManagerMixin):
         self._owners = array("i", [FREE_OWNER]) * num_blocks
         self._ref_counts_np = np.frombuffer(self._ref_counts, dtype=np.int32)
         self._owners_np = np.frombuffer(self._owners, dtype=np.int32)
-        self._ones = b""  # 1 as int32, repeated: see _release (grown to the longest table)
+        self._ones = b""  # 1 as int32, repeated: see _each_held_once
         self._seqs: dict[int, Sequence] = {}  # sequences holding blocks, by seq_id
 
     # --- queries -----------------------------------------------------------------------
@@ -186,12 +186,7 @@ class BlockManager(KVCacheManagerMixin):
         index = np.array(table, dtype=np.intp)
         refs = self._ref_counts_np
         held = refs[index]
-        # The usual case, no block of the table shared: every count is 1 (a byte compare is
-        # several times cheaper than numpy reductions over a few dozen counts).
-        size = 4 * len(table)
-        if len(self._ones) < size:
-            self._ones = np.ones(len(table) * 2, dtype=np.int32).tobytes()
-        if held.tobytes() == self._ones[:size]:
+        if self._each_held_once(held):  # the usual case: no block of the table shared
             refs[index] = 0
             self._owners_np[index] = FREE_OWNER
             self._free.extend(table)

@@ -31,6 +31,14 @@ from engine import (
 from engine.fast_decode import FastDecodeScheduler
 
 
+def assert_same_outcomes(fast: list[Any], plain: list[Any]) -> None:
+    """Every sequence ended alike: status, generated tokens, preemptions and reason."""
+    for a, b in zip(fast, plain, strict=True):
+        assert (a.status, a.generated_token_ids, a.num_preemptions, a.finish_reason) == (
+            b.status, b.generated_token_ids, b.num_preemptions, b.finish_reason,
+        )  # fmt: skip
+
+
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
 def test_fast_v1_matches_the_plain_v1_scheduler(
@@ -42,13 +50,7 @@ def test_fast_v1_matches_the_plain_v1_scheduler(
     assert fast.events == plain.events
     assert fast.block_ids == plain.block_ids
     assert fast.block_hashes == plain.block_hashes
-    for a, b in zip(fast.sequences, plain.sequences):
-        assert (a.status, a.generated_token_ids, a.num_preemptions, a.finish_reason) == (
-            b.status,
-            b.generated_token_ids,
-            b.num_preemptions,
-            b.finish_reason,
-        )
+    assert_same_outcomes(fast.sequences, plain.sequences)
     bm = plain.scheduler.block_manager
     assert bm.get_num_free_blocks() == setup["num_blocks"]  # cached blocks are free
     assert bm.reset_prefix_cache()
@@ -79,13 +81,7 @@ def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
     plain = drive(False, ops, setup, check=True, events=False)
     fast = drive(True, ops, setup, check=True, events=False)
     assert fast.trace == plain.trace
-    for a, b in zip(fast.sequences, plain.sequences):
-        assert (a.status, a.generated_token_ids, a.num_preemptions, a.finish_reason) == (
-            b.status,
-            b.generated_token_ids,
-            b.num_preemptions,
-            b.finish_reason,
-        )
+    assert_same_outcomes(fast.sequences, plain.sequences)
     assert pool_state(fast.scheduler.block_manager) == pool_state(plain.scheduler.block_manager)
     recorded = drive(False, ops, setup, check=True, pools=True)
     assert plain.trace == recorded.trace
