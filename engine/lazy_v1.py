@@ -145,24 +145,17 @@ class LazyV1Scheduler(V1Scheduler):
         """The running pass of a step where every running sequence decodes: ``needing``
         take a block, ``filling`` cache the block their token fills (block size > 1)."""
         bm = self.block_manager
-        if bm.event_sink is None:
-            # Without events, takes and caches commute (BlockManager.decode_blocks), so
-            # each batch runs in one loop: with the unique-key table of
-            # engine/prefix_keys.py, Azure bench first 8,000 requests min thread CPU 2.12 ->
-            # 1.95 s (ab_bench.py, 4 rounds).
-            bm.take_decode_blocks(needing)
-            if filling:
-                self._cache_filling(filling)
+        if bm.event_sink is not None and len(needing) + len(filling) == 1:
+            # one block: the batch's fixed costs would outweigh its savings
+            if needing:
+                bm.append_decode_block(needing[0])
+            else:
+                self._cache_decode(filling[0])
             return
-        if len(needing) + len(filling) > 1:
-            for seq in filling:
-                if seq.prefix is None:
-                    self._sync(seq)  # its keys are made from its tokens
-            bm.decode_blocks(needing, filling, self._order)
-        elif needing:  # one block: the batch's fixed costs would outweigh its savings
-            bm.append_decode_block(needing[0])
-        elif filling:
-            self._cache_decode(filling[0])
+        for seq in filling:
+            if seq.prefix is None:
+                self._sync(seq)  # its keys are made from its tokens
+        bm.decode_blocks(needing, filling, self._order)
 
     def _cache_filling(self, filling: list[Sequence]) -> None:
         """Cache the blocks the tokens of ``filling`` fill, with no event sink."""

@@ -291,21 +291,19 @@ def add_kv_breakdown(
         extra = (paged_usage.refs_at_steps(n) - held) * result.block_size
         usable = usable - extra
         filled = filled - extra
-        steps.columns["filled_slots"] = filled
+        steps["filled_slots"] = filled
         if block_states is None:
             block_states = BlockStateTracker(result.num_blocks)
             block_states.consume(*result.recorder.columns())
         cached_blocks = block_states.cached_blocks_at_steps(n)
-        columns = list(steps.columns.items())
-        after = [name for name, _ in columns].index("free_blocks") + 1
-        steps.columns = dict([*columns[:after], ("cached_blocks", cached_blocks), *columns[after:]])
+        steps.insert_after("free_blocks", "cached_blocks", cached_blocks)
         cached = cached_blocks * result.block_size
-    steps.columns["reserved_slots"] = usable - filled
-    steps.columns["internal_frag_slots"] = allocated - usable
-    steps.columns["external_frag_slots"] = external
+    steps["reserved_slots"] = usable - filled
+    steps["internal_frag_slots"] = allocated - usable
+    steps["external_frag_slots"] = external
     if v1:
-        steps.columns["cached_slots"] = cached
-    steps.columns["free_slots"] = total - allocated - external - cached
+        steps["cached_slots"] = cached
+    steps["free_slots"] = total - allocated - external - cached
     return steps
 
 

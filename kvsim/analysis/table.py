@@ -35,6 +35,15 @@ class Table:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
 
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        self.columns[name] = values  # replaced in place, or added last
+
+    def insert_after(self, after: str, name: str, values: np.ndarray) -> None:
+        """Add column ``name`` right after column ``after``."""
+        items = list(self.columns.items())
+        at = [n for n, _ in items].index(after) + 1
+        self.columns = dict([*items[:at], (name, values), *items[at:]])
+
     def __contains__(self, name: object) -> bool:
         return name in self.columns
 

@@ -118,3 +118,12 @@ def test_the_builders_keep_values_nulls_and_types() -> None:
     assert kinds.to_pylist() == ["b", "a", "b"]
     with pytest.raises(TypeError, match="integers or floats"):
         numeric_array(np.array(["x"], dtype=object))
+
+
+def test_columns_are_added_last_or_after_a_named_one() -> None:
+    table = Table({"a": np.arange(2), "c": np.arange(2)})
+    table["d"] = np.zeros(2)
+    table.insert_after("a", "b", np.ones(2))
+    table["a"] = np.arange(2) + 5  # replaced where it is
+    assert list(table) == ["a", "b", "c", "d"]
+    assert table["a"].tolist() == [5, 6] and table.to_arrow().column_names == ["a", "b", "c", "d"]
