@@ -387,24 +387,26 @@ def simulate(
         result = sim.run(progress)
         if keyed_chunks is not None:
             keyed_chunks.close()
+        # The metrics are computed while the writer thread encodes the last chunks (the
+        # default trace's run waited 40-100 ms for it here); close() still raises its errors.
+        steps = add_kv_breakdown(
+            steps_table(result, v1=v1), result, config.allocator, max_model_len, usage,
+            v1=v1, block_states=block_states,
+        )  # fmt: skip
+        adm = prefix_cache = None
+        if v1:
+            prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
+            adm = admissions(result.recorder.columns()[0], prompt)
+            prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
+        requests = requests_table(result, steps, adm)
+        events = events_frame(result, block_hashes=keyed) if not streamed else None
+        summary = summarize(
+            result, requests, steps,
+            closed_loop=config.concurrency is not None, measured=config.mode == "engine",
+            prefix_cache=prefix_cache,
+        )  # fmt: skip
+        marks = mark_events(result)
     finally:
         if writer is not None:
             writer.close()
-    steps = add_kv_breakdown(
-        steps_table(result, v1=v1), result, config.allocator, max_model_len, usage,
-        v1=v1, block_states=block_states,
-    )  # fmt: skip
-    adm = prefix_cache = None
-    if v1:
-        prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
-        adm = admissions(result.recorder.columns()[0], prompt)
-        prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
-    requests = requests_table(result, steps, adm)
-    events = events_frame(result, block_hashes=keyed) if not streamed else None
-    summary = summarize(
-        result, requests, steps,
-        closed_loop=config.concurrency is not None, measured=config.mode == "engine",
-        prefix_cache=prefix_cache,
-    )  # fmt: skip
-    marks = mark_events(result)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

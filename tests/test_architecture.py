@@ -193,7 +193,9 @@ def test_the_cli_starts_without_the_heavy_libraries() -> None:
 def test_a_cost_mode_run_without_plots_imports_no_pandas(tmp_path: Path) -> None:
     """`kvsim run --no-plots` computes its tables on numpy columns and writes them through
     pyarrow (kvsim.analysis.table): importing pandas would cost it 0.3-0.5 s of its 1.0 s
-    (issue 13); matplotlib, scipy and torch belong to the plots, calibration and engine mode."""
+    (issue 13); matplotlib, scipy and torch belong to the plots, calibration and engine mode.
+    Nor numpy.ma (np.percentile / np.median import it: kvsim.analysis.quantiles), secrets, or
+    rich.progress when stdout is not a terminal (no bar is shown): 8-25 ms each."""
     trace = tmp_path / "t.jsonl"
     trace.write_text(
         "".join(
@@ -212,12 +214,14 @@ def test_a_cost_mode_run_without_plots_imports_no_pandas(tmp_path: Path) -> None
         "{'pandas', 'matplotlib', 'scipy', 'torch'}))\n"
         "print(sorted(m for m in sys.modules if m.startswith('kvsim.commands.') and m not in "
         "('kvsim.commands.run', 'kvsim.commands.console', 'kvsim.commands.options', "
-        "'kvsim.commands.summary')))"
+        "'kvsim.commands.summary')))\n"
+        "print(sorted({'numpy.ma', 'secrets', 'rich.progress'} & set(sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    heavy, other_commands = out.stdout.strip().splitlines()[-2:]
+    heavy, other_commands, lazy = out.stdout.strip().splitlines()[-3:]
     assert heavy == "[]", out.stdout
     assert other_commands == "[]", out.stdout  # only `run`'s module is loaded (kvsim.cli)
+    assert lazy == "[]", out.stdout
     assert (tmp_path / "run" / "requests.parquet").is_file()
