@@ -32,7 +32,7 @@ def percentiles(values: np.ndarray, ps: Sequence[float]) -> np.ndarray:
     t = virtual - previous_index
     # numpy's _lerp: from a below t = 0.5, from b at and above it
     diff = b - a
-    out = a + diff * t
+    out: np.ndarray = a + diff * t
     np.subtract(b, diff * (1 - t), out=out, where=t >= 0.5)
     return out
 
