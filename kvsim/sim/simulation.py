@@ -15,15 +15,13 @@ is identical to the plain Scheduler's (tests check this).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import operator
 import sys
 import time
 from array import array
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +36,7 @@ from engine.prefix_keys import PrefixSource
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SequenceStatus
 from kvsim.sim.executor import Executor
+from kvsim.sim.gc_passes import fewer_gc_passes
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
@@ -94,23 +93,6 @@ class SimResult:
     reject_reasons: dict[int, str] = dataclasses.field(default_factory=dict)
     # Tokens of each step that prefill (prompt or recompute chunks); the rest decode.
     step_prefill_tokens: np.ndarray | None = None
-
-
-@contextlib.contextmanager
-def fewer_gc_passes(gen0_threshold: int = 100_000) -> Iterator[None]:
-    """Run the block with the cyclic garbage collector's first threshold raised.
-
-    The engine loop allocates millions of small, acyclic, short-lived objects (block lists,
-    finished-sequence lists, simpy events); at Python's default threshold of 700 the
-    collector scans the young ones thousands of times per run, 10-20% of the loop. Cycles
-    are still collected, only in fewer passes; the previous thresholds are restored on
-    exit."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(max(gen0_threshold, thresholds[0]), *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
 
 
 class Simulation:

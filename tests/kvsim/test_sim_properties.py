@@ -266,7 +266,7 @@ def test_closed_loop_think_times_follow_the_seed() -> None:
 def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
     import gc
 
-    from kvsim.sim.simulation import fewer_gc_passes
+    from kvsim.sim.gc_passes import fewer_gc_passes
 
     before = gc.get_threshold()
     run(RunConfig(trace=DEFAULT_TRACE_NAME, until=5.0))
