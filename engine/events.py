@@ -101,9 +101,9 @@ class EventSink(Protocol):
         count after that take. The keys of the EVICT and CACHE blocks follow in one
         ``record_hashes`` call."""
 
-    def record_hashes(self, block_hashes: BlockIds[int]) -> None:
+    def record_hashes(self, block_hashes: BlockIds[int] | np.ndarray) -> None:
         """The prefix-cache keys of the blocks of the CACHE or EVICT event just recorded,
-        in order (signed 64-bit ints)."""
+        in order (signed 64-bit ints; a sequence of ints or an int64 array)."""
 
 
 def _zero_clock() -> float:
@@ -255,11 +255,16 @@ class EventRecorder:
         if len(rows) >= self._rows_limit or len(run) >= self.chunk_size:
             self._pack()
 
-    def record_hashes(self, block_hashes: BlockIds[int]) -> None:
+    def record_hashes(self, block_hashes: BlockIds[int] | np.ndarray) -> None:
         if self.keep_block_hashes:
-            if block_hashes.__class__ is list:
+            cls = block_hashes.__class__
+            if cls is list:
                 # fromlist: half extend's time from a list (4.8 against 9.6 us for 64 keys)
-                self._block_hashes.fromlist(block_hashes)
+                self._block_hashes.fromlist(block_hashes)  # type: ignore[arg-type]
+            elif cls is np.ndarray:
+                # an admission's keys as made (int64): 0.7 us against 6 us through a list
+                keys = block_hashes.astype(np.int64, copy=False)  # type: ignore[union-attr]
+                self._block_hashes.frombytes(keys.tobytes())
             else:
                 self._block_hashes.extend(block_hashes)
 

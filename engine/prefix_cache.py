@@ -122,9 +122,12 @@ class PrefixCacheMixin:
         self.num_evictions += 1
         return key
 
-    def _drop_keys(self, block_ids: list[int] | np.ndarray, want_keys: bool = True) -> list[int]:
-        """The keys of ``block_ids``, removed from the map (private ones only unmarked);
-        without ``want_keys`` only those of blocks in the map are made (the rest: [])."""
+    def _drop_keys(
+        self, block_ids: list[int] | np.ndarray, want_keys: bool = True
+    ) -> list[int] | np.ndarray:
+        """The keys of ``block_ids`` (a list, or an int64 array), removed from the map
+        (private ones only unmarked); without ``want_keys`` only those of blocks in the map
+        are made (the rest: [])."""
         if len(block_ids) == 1:
             return [self._drop_key(int(block_ids[0]))]
         cached = self._cached
@@ -133,10 +136,11 @@ class PrefixCacheMixin:
         private_bytes = private.tobytes()
         if b"\x00" not in private_bytes:  # prompts nobody shares: never in the map
             # (a byte test, not private.all(), and no keys unless an event needs them:
-            # admission of an 80-block unique prompt 102 -> 87 us with free, micro_free.py)
+            # admission of an 80-block unique prompt 102 -> 87 us with free, micro_free.py;
+            # the keys as an array, which the recorder takes as bytes)
             self._private[index] = False
             self.num_evictions += len(index)
-            return self._block_key[index].tolist() if want_keys else []
+            return self._block_key[index] if want_keys else []
         keys: list[int] = self._block_key[index].tolist()
         if b"\x01" in private_bytes:
             self._private[index[private]] = False
@@ -310,7 +314,7 @@ class PrefixCacheMixin:
         sink = self.event_sink
         if sink is not None and sink.prefix_cache_events:
             sink.record(CACHE, seq.seq_id, self.get_num_free_blocks(), new_blocks, start)
-            sink.record_hashes(new_keys)
+            sink.record_hashes(new_keys if key_array is None else key_array)
 
     def key_deferred_blocks(self, seq: Sequence, table_index: np.ndarray | None = None) -> None:
         """Write the keys and cached flags of ``seq``'s cached blocks whose caching was
