@@ -252,7 +252,8 @@ class PrefixCacheMixin:
         if start >= num_full:
             return
         source = seq.prefix
-        if source is not None and not source.shared:
+        private = source is not None and not source.shared  # out of the map: module docstring
+        if private:
             if self.event_sink is None:
                 # Deferred: nobody else can hit these blocks and no event wants their keys
                 # now, so their flags and keys are written when they are freed (or an event
@@ -263,15 +264,11 @@ class PrefixCacheMixin:
                 self.key_deferred_blocks(seq)
         keys = seq.block_hashes
         key_array = None
-        if (
-            len(keys) == start
-            and source is not None
-            and not source.shared
-            and num_full * bs <= seq.num_prompt_tokens
-        ):
+        if private and len(keys) == start and num_full * bs <= seq.num_prompt_tokens:
             # A unique prompt's next blocks: their keys made and stored as one array (not
             # through a list of Python ints: 87 -> 78 us per admission of 80 blocks + free,
             # micro_free.py).
+            assert source is not None
             key_array = source.prompt_block_key_array(seq.seq_id, start, num_full)
             keys.extend(key_array.tolist())
         else:
@@ -280,14 +277,12 @@ class PrefixCacheMixin:
         cached = self._cached
         new_keys = keys[start:num_full]
         new_blocks = table[start:num_full]
-        private = seq.prefix is not None and not seq.prefix.shared
-        if private:
-            pass  # out of the map: see the module docstring
-        elif cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
-            cached.update(zip(new_keys, new_blocks))  # the usual case: content not cached yet
-        else:
-            for b, key in zip(new_blocks, new_keys):
-                self._map_insert(key, b)
+        if not private:
+            if cached.keys().isdisjoint(new_keys) and len(set(new_keys)) == len(new_keys):
+                cached.update(zip(new_keys, new_blocks))  # the usual case: not cached yet
+            else:
+                for b, key in zip(new_blocks, new_keys):
+                    self._map_insert(key, b)
         if num_full - start == 1:
             b = new_blocks[0]
             self._block_key_c[b] = new_keys[0]
