@@ -124,6 +124,7 @@ def plot_command(
     Reads RUN_DIR's tables, so any picture can be redrawn over any time window. A run folder
     without events.parquet (a sweep point) gets the pictures that need no events."""
     from kvsim.plots import NEEDS_EVENTS, write_pictures
+    from kvsim.plots.side_by_side import picture_workers
 
     names = picture_names(what)
     run = _read(run_dir, t_from, t_to)
@@ -131,7 +132,10 @@ def plot_command(
         if name in NEEDS_EVENTS:
             _needs_events(run, f"the {name} picture")
     try:
-        paths = write_pictures(run, out or run_dir / "plots", names, t_from=t_from, t_to=t_to)
+        paths = write_pictures(
+            run, out or run_dir / "plots", names, t_from=t_from, t_to=t_to,
+            workers=picture_workers(),
+        )  # fmt: skip
     except (KvsimError, OSError) as exc:
         fail(str(exc))
     except DRAW_ERRORS as exc:

@@ -121,7 +121,13 @@ def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool
 
     with output_folder(out_dir, RUN_FOLDER, force=force) as tmp:
         result = _run_with_progress(config, tmp / "events.parquet")
-        write_run_files(result, tmp, plots=plots)
+        workers = 1
+        if plots:
+            from kvsim.plots.side_by_side import picture_workers
+
+            # the default trace's `kvsim run`, 2 cores: 6.1 -> 4.2 s (medians, 5 rounds A/B)
+            workers = picture_workers()
+        write_run_files(result, tmp, plots=plots, picture_workers=workers)
     return result
 
 

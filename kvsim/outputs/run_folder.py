@@ -67,9 +67,12 @@ def write_run(result: RunResult, out: Path, *, plots: bool = True, force: bool =
     return Path(out)
 
 
-def write_run_files(result: RunResult, folder: Path, *, plots: bool = True) -> None:
+def write_run_files(
+    result: RunResult, folder: Path, *, plots: bool = True, picture_workers: int = 1
+) -> None:
     """Write the run folder's files into the empty folder ``folder``. Events streamed to
-    ``folder/events.parquet`` stay there; streamed elsewhere, they are moved in."""
+    ``folder/events.parquet`` stay there; streamed elsewhere, they are moved in. The plots
+    are drawn ``picture_workers`` at a time (``kvsim.plots.write_pictures``' workers)."""
     tmp = Path(folder)
     config = {
         "kvsim_run": FORMAT_VERSION,
@@ -87,10 +90,10 @@ def write_run_files(result: RunResult, folder: Path, *, plots: bool = True) -> N
         shutil.move(result.events_path, events_file)
     # else: streamed into the folder already, or run(keep_events=False) kept no events.
     if plots:
-        _write_pictures(result, tmp)
+        _write_pictures(result, tmp, picture_workers)
 
 
-def _write_pictures(result: RunResult, folder: Path) -> None:
+def _write_pictures(result: RunResult, folder: Path, workers: int = 1) -> None:
     """plots/*.png and report.html. The occupancy map and Gantt chart need the whole event
     stream; a streamed run reads it back unless it is too long to plot in reasonable time."""
     import pandas as pd
@@ -106,7 +109,9 @@ def _write_pictures(result: RunResult, folder: Path) -> None:
         )
     if events is None:
         events = result.marks
-    paths = write_run_plots(result.steps, result.requests, result.summary, folder / "plots", events)
+    paths = write_run_plots(
+        result.steps, result.requests, result.summary, folder / "plots", events, workers=workers
+    )
     by_file = {file: name for name, file in PICTURES.items()}
     pngs = {by_file[p.name]: p.read_bytes() for p in paths if p.name in by_file}
     names = [name for name in PICTURES if name in pngs]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,6 +17,7 @@ from kvsim.plots._common import save_png, window
 from kvsim.plots.occupancy_map import plot_occupancy
 from kvsim.plots.prefix_cache import plot_prefix_hit_rate, plot_prompt_tokens
 from kvsim.plots.requests import MAX_GANTT_REQUESTS, plot_gantt, plot_latency_cdfs
+from kvsim.plots.side_by_side import run_jobs
 from kvsim.plots.timeseries import plot_batch_size, plot_free_blocks, plot_kv_breakdown
 
 # Picture name -> file name in a run folder's plots/.
@@ -118,17 +120,25 @@ def write_pictures(
     *,
     t_from: float | None = None,
     t_to: float | None = None,
+    workers: int = 1,
 ) -> list[Path]:
     """Draw ``names`` (default all of ``PICTURES``, less those that need events when ``run``
-    has none) as PNGs into ``folder``, each written atomically; return their paths."""
+    has none) as PNGs into ``folder``, each written atomically; return their paths. With
+    ``workers`` > 1, that many are drawn at a time in forked processes where the platform
+    forks (kvsim/plots/side_by_side.py), the same bytes as one after another."""
     if names is None:
         names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
         if not is_v1(run):
             names = [n for n in names if n not in V1_PICTURES]
-    return [
-        save_png(draw(run, name, t_from=t_from, t_to=t_to), Path(folder) / PICTURES[name])
-        for name in names
-    ]
+
+    def job(name: str) -> Callable[[], Path]:
+        def draw_and_save() -> Path:
+            figure = draw(run, name, t_from=t_from, t_to=t_to)
+            return save_png(figure, Path(folder) / PICTURES[name])
+
+        return draw_and_save
+
+    return run_jobs([job(name) for name in names], workers)
 
 
 def write_run_plots(
@@ -137,10 +147,13 @@ def write_run_plots(
     summary: dict[str, Any],
     folder: Path,
     events: pd.DataFrame | None = None,
+    *,
+    workers: int = 1,
 ) -> list[Path]:
     """``kvsim run``'s pictures as PNGs in ``folder``: free blocks (marks from ``events``), KV
     breakdown, batch size, latency CDFs; the occupancy map and Gantt chart too when
-    ``events`` holds the whole stream (block and admission events)."""
+    ``events`` holds the whole stream (block and admission events). ``workers`` as in
+    ``write_pictures``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     events = events if events is not None else pd.DataFrame({"kind": [], "time_s": []})
@@ -150,7 +163,7 @@ def write_run_plots(
         names += ["occupancy", "gantt"]
     if is_v1(tables):
         names += list(V1_PICTURES)
-    paths = write_pictures(tables, folder, names)
+    paths = write_pictures(tables, folder, names, workers=workers)
     plt.close("all")
     return paths
 

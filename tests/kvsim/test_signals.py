@@ -134,6 +134,40 @@ def test_a_signal_mid_sweep_stops_every_worker_and_leaves_nothing(
     assert_gone(sweep)
 
 
+def drawing(parent: Path) -> Callable[[], bool]:
+    """True once a run has written a picture into its temporary folder."""
+
+    def check() -> bool:
+        for name in names(parent):
+            if ".kvsim-tmp-" in name and any(
+                n.endswith(".png") for n in names(parent / name / "plots")
+            ):
+                return True
+        return False
+
+    return check
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "whole_group"),
+    [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)],
+    ids=["ctrl-c-to-the-group", "sigterm-to-the-driver"],
+)
+def test_a_signal_while_pictures_are_drawn_side_by_side_leaves_nothing(
+    signum: int, code: int, whole_group: bool, tmp_path: Path
+) -> None:
+    run = start("run", "--out", "runs/r", cwd=tmp_path)  # the default trace, with pictures
+    wait_for(drawing(tmp_path / "runs"), run)
+    if whole_group:  # the picture workers get the Ctrl-C too
+        os.killpg(run.pid, signum)
+    else:
+        run.send_signal(signum)
+    returncode, lines = finished(run)
+    assert returncode == code and len(lines) == 1 and "nothing written" in lines[0], lines
+    assert names(tmp_path / "runs") == []
+    assert_gone(run)
+
+
 def test_ctrl_c_while_the_sweep_starts_its_workers_is_one_line(tmp_path: Path) -> None:
     sweep = start(*LONG_SWEEP, "--out", "sweeps/s", cwd=tmp_path)
     wait_for(lambda: any(".kvsim-tmp-" in n for n in names(tmp_path / "sweeps")), sweep)
