@@ -69,7 +69,7 @@ def run_jobs(jobs: Sequence[Job], workers: int) -> list[Path]:
     reader, writer = ctx.Pipe(duplex=False)
     send_lock = ctx.Lock()
     children = [
-        ctx.Process(target=_child, args=(jobs, tasks, writer, send_lock), daemon=True)
+        ctx.Process(target=_child, args=(jobs, tasks, writer, send_lock, os.getpid()), daemon=True)
         for _ in range(num_children)
     ]
     paths: dict[int, Path] = {}
@@ -128,11 +128,15 @@ def _died(children: list[Any]) -> PictureWorkerError:
     return PictureWorkerError("the picture workers exited before drawing every picture")
 
 
-def _child(jobs: Sequence[Job], tasks: Any, writer: Connection, send_lock: Any) -> None:
+def _child(
+    jobs: Sequence[Job], tasks: Any, writer: Connection, send_lock: Any, parent: int
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     while (i := tasks.get()) is not None:
+        if os.getppid() != parent:
+            return  # the parent was killed (SIGKILL): its folder is stale, draw nothing more
         try:
             report: tuple[int, str | None, bytes | None, str | None] = (
                 i, os.fspath(jobs[i]()), None, None
@@ -144,7 +148,10 @@ def _child(jobs: Sequence[Job], tasks: Any, writer: Connection, send_lock: Any) 
                 error = None
             report = (i, None, error, traceback.format_exc().rstrip())
         with send_lock:
-            writer.send(report)
+            try:
+                writer.send(report)
+            except BrokenPipeError:  # the parent died while we drew
+                return
     writer.close()
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -118,3 +120,45 @@ def test_a_child_that_dies_is_an_error_not_a_hang(tmp_path: Path) -> None:
     with pytest.raises(PictureWorkerError, match="exited with code 3"):
         run_jobs([dying, dying, dying], workers=2)
     assert multiprocessing.active_children() == []
+
+
+ORPHANS = """
+import os, sys, time
+from pathlib import Path
+from kvsim.plots.side_by_side import run_jobs
+
+folder = Path(sys.argv[1])
+
+def job(i):
+    def draw():
+        (folder / f"start-{i}-{os.getpid()}").touch()
+        time.sleep(0.4)
+        return folder / f"start-{i}-{os.getpid()}"
+    return draw
+
+run_jobs([job(i) for i in range(40)], workers=3)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has exited; nobody reaped it yet
+
+
+def test_children_of_a_killed_parent_stop_at_their_next_picture(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANS, str(tmp_path)])
+    deadline = time.monotonic() + 60
+    while len({p.name.split("-")[2] for p in tmp_path.glob("start-*")}) < 3:
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait()
+    children = {int(p.name.split("-")[2]) for p in tmp_path.glob("start-*")} - {parent.pid}
+    time.sleep(1.5)  # each finishes the picture it was drawing (0.4 s), then takes no other
+    started = len(list(tmp_path.glob("start-*")))
+    time.sleep(1.0)
+    assert len(list(tmp_path.glob("start-*"))) == started < 40
+    assert not any(alive(pid) for pid in children)
