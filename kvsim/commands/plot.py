@@ -209,14 +209,25 @@ def report_command(
     force: ForceOption = False,
 ) -> None:
     """Write a self-contained report.html: summary, options and every picture."""
+    import tempfile
+
     from kvsim.outputs.report import write_report
+    from kvsim.plots import PICTURES, write_pictures
+    from kvsim.plots.side_by_side import picture_workers
 
     _check_out(out, force)
     run = _read(run_dir, t_from, t_to)
     path = out or run_dir / "report.html"
     title = f"kvsim run: {run.path.name} ({run.config.trace})"
     try:
-        write_report(run, path, title=title, t_from=t_from, t_to=t_to)
+        # the pictures drawn side by side first (the same bytes the report would draw)
+        with tempfile.TemporaryDirectory(prefix="kvsim-report-") as drawn:
+            paths = write_pictures(
+                run, Path(drawn), t_from=t_from, t_to=t_to, workers=picture_workers()
+            )
+            by_file = {file: name for name, file in PICTURES.items()}
+            pngs = {by_file[p.name]: p.read_bytes() for p in paths}
+        write_report(run, path, title=title, t_from=t_from, t_to=t_to, pngs=pngs)
     except (KvsimError, OSError) as exc:
         fail(str(exc))
     except DRAW_ERRORS as exc:

@@ -99,6 +99,19 @@ def test_report_is_one_self_contained_file(run_dir: Path, tmp_path: Path) -> Non
     assert "preemptions" in page and ">240 blocks x 16 tokens<" in page
 
 
+def test_report_draws_side_by_side_what_it_would_draw_one_by_one(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    from kvsim.outputs.report import build_report
+    from kvsim.outputs.run_folder import read_run
+
+    out = tmp_path / "report.html"
+    assert kvsim("report", run_dir, "-o", out, "--to", "90").exit_code == 0
+    run = read_run(run_dir)
+    title = f"kvsim run: {run.path.name} ({run.config.trace})"
+    assert out.read_text() == build_report(run, title=title, t_to=90.0)  # drawn here, in turn
+
+
 def test_export_trace_writes_a_valid_timeline(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run.perfetto.json"
     result = kvsim("export-trace", run_dir, "-o", out, "--to", "60", "--max-requests", "3")
