@@ -61,17 +61,17 @@ def run_jobs(jobs: Sequence[Job], workers: int) -> list[Path]:
     if num_children < 1 or not can_fork():
         return [job() for job in jobs]
     ctx = multiprocessing.get_context("fork")
-    tasks = ctx.SimpleQueue()
+    try:
+        tasks = ctx.SimpleQueue()
+        reader, writer = ctx.Pipe(duplex=False)
+        send_lock = ctx.Lock()
+    except OSError:  # no POSIX semaphores (a container without /dev/shm): one after another
+        return [job() for job in jobs]
     for i in range(len(jobs)):
         tasks.put(i)
     for _ in range(num_children + 1):
         tasks.put(None)  # one stop for each taker
-    reader, writer = ctx.Pipe(duplex=False)
-    send_lock = ctx.Lock()
-    children = [
-        ctx.Process(target=_child, args=(jobs, tasks, writer, send_lock, os.getpid()), daemon=True)
-        for _ in range(num_children)
-    ]
+    children: list[Any] = []
     paths: dict[int, Path] = {}
     try:
         # A signal held until every child has set its own handlers (a Ctrl-C in between
@@ -79,8 +79,15 @@ def run_jobs(jobs: Sequence[Job], workers: int) -> list[Path]:
         # delivered here.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         try:
-            for child in children:
-                child.start()
+            for _ in range(num_children):
+                child = ctx.Process(
+                    target=_child, args=(jobs, tasks, writer, send_lock, os.getpid()), daemon=True
+                )
+                try:
+                    child.start()
+                except OSError:  # no more processes (EAGAIN, ENOMEM): fewer side by side
+                    break
+                children.append(child)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         writer.close()  # the children hold it now: the reader sees EOF once they all exit

@@ -162,3 +162,27 @@ def test_children_of_a_killed_parent_stop_at_their_next_picture(tmp_path: Path) 
     time.sleep(1.0)
     assert len(list(tmp_path.glob("start-*"))) == started < 40
     assert not any(alive(pid) for pid in children)
+
+
+def test_without_semaphores_or_processes_the_jobs_run_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fork = type(multiprocessing.get_context("fork"))
+
+    def no_semaphores(self: object) -> None:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(fork, "Lock", no_semaphores)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    paths = run_jobs([pid_job(tmp_path / "a", i) for i in range(3)], workers=2)
+    assert {p.read_text() for p in paths} == {str(os.getpid())}
+    monkeypatch.undo()
+
+    def no_processes(self: object) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", no_processes)
+    paths = run_jobs([pid_job(tmp_path / "b", i) for i in range(3)], workers=3)
+    assert [p.name for p in paths] == ["0.txt", "1.txt", "2.txt"]
+    assert {p.read_text() for p in paths} == {str(os.getpid())}
