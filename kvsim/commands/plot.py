@@ -212,7 +212,7 @@ def report_command(
     import tempfile
 
     from kvsim.outputs.report import write_report
-    from kvsim.plots import PICTURES, write_pictures
+    from kvsim.plots import read_pngs, write_pictures
     from kvsim.plots.side_by_side import picture_workers
 
     _check_out(out, force)
@@ -225,8 +225,7 @@ def report_command(
             paths = write_pictures(
                 run, Path(drawn), t_from=t_from, t_to=t_to, workers=picture_workers()
             )
-            by_file = {file: name for name, file in PICTURES.items()}
-            pngs = {by_file[p.name]: p.read_bytes() for p in paths}
+            pngs = read_pngs(paths)
         write_report(run, path, title=title, t_from=t_from, t_to=t_to, pngs=pngs)
     except (KvsimError, OSError) as exc:
         fail(str(exc))

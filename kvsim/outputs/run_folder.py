@@ -99,7 +99,7 @@ def _write_pictures(result: RunResult, folder: Path, workers: int = 1) -> None:
     import pandas as pd
 
     from kvsim.outputs.report import build_report
-    from kvsim.plots import PICTURES, write_run_plots
+    from kvsim.plots import read_pngs, write_run_plots
 
     events = result.events
     if events is None and (folder / "events.parquet").exists():
@@ -112,9 +112,8 @@ def _write_pictures(result: RunResult, folder: Path, workers: int = 1) -> None:
     paths = write_run_plots(
         result.steps, result.requests, result.summary, folder / "plots", events, workers=workers
     )
-    by_file = {file: name for name, file in PICTURES.items()}
-    pngs = {by_file[p.name]: p.read_bytes() for p in paths if p.name in by_file}
-    names = [name for name in PICTURES if name in pngs]
+    pngs = read_pngs(paths)
+    names = list(pngs)
     tables = _Tables(
         result.summary, result.requests, result.steps, events, result.config, result.resolved
     )

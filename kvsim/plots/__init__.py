@@ -38,6 +38,7 @@ from kvsim.plots.standard import (
     draw,
     has_events,
     is_v1,
+    read_pngs,
     write_pictures,
     write_run_plots,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "plot_step_times",
     "png_bytes",
     "pool_frame",
+    "read_pngs",
     "save_png",
     "select_requests",
     "state_image",

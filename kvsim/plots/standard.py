@@ -141,6 +141,14 @@ def write_pictures(
     return run_jobs([job(name) for name in names], workers)
 
 
+def read_pngs(paths: list[Path]) -> dict[str, bytes]:
+    """The bytes of the pictures at ``paths`` (``PICTURES`` files), by picture name, in
+    ``PICTURES`` order: what a report embeds."""
+    by_file = {file: name for name, file in PICTURES.items()}
+    drawn = {by_file[p.name]: p for p in paths if p.name in by_file}
+    return {name: drawn[name].read_bytes() for name in PICTURES if name in drawn}
+
+
 def write_run_plots(
     steps: pd.DataFrame,
     requests: pd.DataFrame,
