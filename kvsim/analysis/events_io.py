@@ -96,7 +96,10 @@ def exploded_frame(
 
     columns = _exploded_columns(cols, block_ids, block_hashes)
     kind = pd.Categorical.from_codes(columns["kind"], EVENT_KIND_NAMES)
-    return pd.DataFrame({**columns, "kind": kind})
+    # copy=False: the frame takes the fresh columns as they are instead of stacking the int64
+    # ones into one 2-D block (a copy of every row: the full Azure conversation trace's
+    # 6.5M-row v1 events, 0.9 s -> 2 ms); nobody else holds them
+    return pd.DataFrame({**columns, "kind": kind}, copy=False)
 
 
 def exploded_table(
