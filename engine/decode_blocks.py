@@ -103,13 +103,15 @@ class DecodeBlocksMixin:
             self.cache_decode_blocks(filling)
             return
         if not needing:
-            visits = [(s, False) for s in filling]
+            visits = [(0, 1, s) for s in filling]
         elif not filling:
-            visits = [(s, True) for s in needing]
-        else:  # two sorted runs: one merge
+            visits = [(0, 0, s) for s in needing]
+        else:
+            # (running position, take 0 / cache 1, seq): one sort of int-led tuples; a block
+            # size of 1 has a sequence take a block and fill it in one step, take first
             visits = sorted(
-                [*((s, True) for s in needing), *((s, False) for s in filling)],
-                key=lambda v: order[v[0].seq_id],
+                [(order[s.seq_id], 0, s) for s in needing]
+                + [(order[s.seq_id], 1, s) for s in filling]
             )
         cache_events = sink.prefix_cache_events
         kinds: list[int] = []
@@ -118,25 +120,74 @@ class DecodeBlocksMixin:
         tokens: list[int] = []
         keys: list[int] = []
         free_before = self.get_num_free_blocks()
-        for seq, takes in visits:
-            if takes:
-                b, key = self._take_one(seq)
-                if key is not None and cache_events:
-                    kinds.append(EVICT)
-                    seq_ids.append(-1)
-                    blocks.append(b)
-                    tokens.append(0)
-                    keys.append(key)
+        # _take_one and _cache_one inlined, with the pool's arrays in locals: a visit is a
+        # few item reads and writes (Azure conversation trace, v1 + caching: see the
+        # issue 12 note of stop 22 for the measured change)
+        free, pos, refs, owners = self._free, self._queue_pos, self._ref_counts, self._owners
+        has_key, private_c, block_key = self._has_key_c, self._private_c, self._block_key_c
+        cached_at, bs = self._cached_at_c, self.block_size
+        for _, caches, seq in visits:
+            seq_id = seq.seq_id
+            if not caches:
+                head = self._head
+                b = free[head]
+                while pos[b] != head:  # a dead entry (its block left from the middle)
+                    self._num_stale -= 1
+                    head += 1
+                    b = free[head]
+                self._head = head + 1
+                if head > 4096 and head * 2 > len(free):
+                    self._compact()
+                pos[b] = _NOT_QUEUED
+                refs[b] = 1
+                if has_key[b]:
+                    has_key[b] = 0
+                    if private_c[b]:
+                        private_c[b] = 0
+                        self.num_evictions += 1
+                        key = block_key[b]
+                    else:
+                        key = self._drop_key(b)
+                    if cache_events:
+                        kinds.append(EVICT)
+                        seq_ids.append(-1)
+                        blocks.append(b)
+                        tokens.append(0)
+                        keys.append(key)
+                owners[b] = seq_id
+                seq.block_table.append(b)
                 kinds.append(APPEND_BLOCK)
                 tokens.append(1)
             else:
-                b, key = self._cache_one(seq)
+                i = seq._num_cached_blocks
+                source = seq.prefix
+                private = source is not None and not source.shared
+                if private and seq._num_keyed_blocks < i:  # deferred while there was no sink
+                    self.key_deferred_blocks(seq)
+                hashes = seq.block_hashes
+                if len(hashes) == i and source is not None and i > seq.num_prompt_tokens // bs:
+                    key = hash((hashes[-1], GEN_TAG))
+                    hashes.append(key)
+                else:
+                    key = ensure_block_hashes(seq, i + 1, bs)[i]
+                b = seq.block_table[i]
+                if private:
+                    private_c[b] = 1
+                    cached_at[b] = self._cache_clock
+                else:
+                    self._map_insert(key, b)
+                self._cache_clock += 1
+                block_key[b] = key
+                has_key[b] = 1
+                seq._num_cached_blocks = seq._num_keyed_blocks = i + 1
+                if self._watch_keys is not None and key in self._watch_keys:
+                    self._watch_hit = True
                 if not cache_events:
                     continue
                 kinds.append(CACHE)
-                tokens.append(seq._num_cached_blocks - 1)
+                tokens.append(i)
                 keys.append(key)
-            seq_ids.append(seq.seq_id)
+            seq_ids.append(seq_id)
             blocks.append(b)
         if kinds:
             sink.record_block_events(kinds, seq_ids, blocks, tokens, free_before)
