@@ -4,7 +4,9 @@ A waiting head that could not be admitted stays unable while it is the head, the
 blocks, the budget left to it and the seats do not grow, and no block it could hit is
 cached (the BlockManager flags its watched keys: ``_watch_keys``, ``_watch_hit``); arrivals,
 aborts, finishes and preemptions drop the verdict. Freeing blocks is the only way free
-blocks grow, and an evicted hit block only makes the head need more.
+blocks grow, and an evicted hit block only makes the head need more, except where only its
+hits keep it within the budget of a run without chunked prefill: evicting them gets it
+rejected, so such a head gets no verdict.
 """
 
 from __future__ import annotations
@@ -63,10 +65,24 @@ class BlockedHead:
         if len(sched._running) >= sched.config.max_num_seqs:
             return
         head, bm = sched._waiting[0], sched.block_manager
+        if self._rejectable(head):
+            return
         self.verdict = HeadVerdict(head, bm.get_num_free_blocks(), budget, len(sched._running))
         if bm.enable_prefix_caching:
             bm._watch_keys = set(head.block_hashes[: (head.num_tokens - 1) // bm.block_size])
             bm._watch_hit = False
+
+    def _rejectable(self, head: Sequence) -> bool:
+        """Whether only its prefix hits keep ``head`` from being rejected (no chunked
+        prefill, more tokens than the budget): others' takes may evict those hits, free
+        blocks not growing, and the plain waiting pass would then reject it, so no verdict
+        on it holds."""
+        cfg = self.sched.config
+        return (
+            not cfg.enable_chunked_prefill
+            and self.sched.block_manager.enable_prefix_caching
+            and head.num_tokens > cfg.max_num_batched_tokens
+        )
 
     def blocked(self, budget: int) -> bool:
         """Whether the waiting head would not be admitted with ``budget`` tokens left (the
@@ -82,8 +98,8 @@ class BlockedHead:
         eligible = len(sched._running) + sched.num_waiting
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         if not cfg.enable_chunked_prefill:
-            if n > cfg.max_num_batched_tokens:
-                return False  # rejected
+            if n > cfg.max_num_batched_tokens or self._rejectable(seq):
+                return False  # rejected, or it may be by the next step
             if (threshold if 0 < threshold < n else n) > budget:
                 self.note(budget)
                 return True
