@@ -121,8 +121,8 @@ class DecodeBlocksMixin:
         keys: list[int] = []
         free_before = self.get_num_free_blocks()
         # _take_one and _cache_one inlined, with the pool's arrays in locals: a visit is a
-        # few item reads and writes (Azure conversation trace, v1 + caching: see the
-        # issue 12 note of stop 22 for the measured change)
+        # few item reads and writes (full Azure conversation trace, v1 + caching, events
+        # streamed: simulation loop 5.19 -> 4.91 s, medians of 6 interleaved)
         free, pos, refs, owners = self._free, self._queue_pos, self._ref_counts, self._owners
         has_key, private_c, block_key = self._has_key_c, self._private_c, self._block_key_c
         cached_at, bs = self._cached_at_c, self.block_size
