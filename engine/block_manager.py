@@ -82,6 +82,9 @@ class BlockManager(KVCacheManagerMixin):
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._v1 = False  # set by use_v1_free_queue(): vLLM's free-queue order
         self._num_stale = 0  # v1: dead entries in the free queue (see kv_cache_manager.py)
+        # v1 with prefix caching: free blocks that keep their prefix-cache key (cached,
+        # evictable: counted free, yet a hit takes them back without computing anything)
+        self.num_cached_free_blocks = 0
         # The FIFO free queue is a list read from ``_head`` (blocks before it are taken), so
         # a prefill takes its blocks as one C slice; it is compacted when half is dead.
         self._free: list[int] = list(range(num_blocks))
@@ -333,6 +336,12 @@ class BlockManager(KVCacheManagerMixin):
                 [k if h else None for k, h in zip(self._block_key.tolist(), self._has_key)],
                 self._private_c,
             )
+            cached_free = int(np.count_nonzero(self._has_key & (self._ref_counts_np == 0)))
+            if cached_free != self.num_cached_free_blocks:
+                raise InvariantError(
+                    f"{cached_free} free blocks keep a prefix-cache key but the pool counts "
+                    f"{self.num_cached_free_blocks}"
+                )
             return
         check_block_manager(
             self.num_blocks,

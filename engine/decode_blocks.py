@@ -42,6 +42,7 @@ class DecodeBlocksMixin:
     _watch_keys: set[int] | None
     _watch_hit: bool
     num_evictions: int
+    num_cached_free_blocks: int
 
     def get_num_free_blocks(self) -> int:
         raise NotImplementedError
@@ -79,6 +80,7 @@ class DecodeBlocksMixin:
         key = None
         if self._has_key_c[b]:
             self._has_key_c[b] = 0
+            self.num_cached_free_blocks -= 1
             key = self._drop_key(b)
         self._owners[b] = seq.seq_id
         seq.block_table.append(b)
@@ -142,6 +144,7 @@ class DecodeBlocksMixin:
                 refs[b] = 1
                 if has_key[b]:
                     has_key[b] = 0
+                    self.num_cached_free_blocks -= 1
                     if private_c[b]:
                         private_c[b] = 0
                         self.num_evictions += 1
@@ -262,6 +265,7 @@ class DecodeBlocksMixin:
             refs[b] = 1
             if has_key[b]:
                 has_key[b] = 0
+                self.num_cached_free_blocks -= 1
                 if private[b]:
                     private[b] = 0
                     self.num_evictions += 1

@@ -57,6 +57,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
     _ones: bytes
     _num_stale: int
     _v1: bool
+    num_cached_free_blocks: int
 
     def _each_held_once(self, held: np.ndarray) -> bool:
         """Whether every int32 ref count in ``held`` is 1: a byte compare, several times
@@ -94,6 +95,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         b = self._front_block()
         if self._has_key_c[b]:
             self._has_key_c[b] = 0
+            self.num_cached_free_blocks -= 1
             self._evict([b])
         return b
 
@@ -136,10 +138,12 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
             hashed_bytes = hashed.tobytes()  # byte tests: cheaper than numpy's all() / any()
             if b"\x00" not in hashed_bytes:  # the usual case once the pool has cycled
                 self._has_key[index] = False
+                self.num_cached_free_blocks -= n
                 self._evict(index, blocks)
             elif b"\x01" in hashed_bytes:
                 evicted = index[hashed]
                 self._has_key[evicted] = False
+                self.num_cached_free_blocks -= len(evicted)
                 self._evict(evicted)
         return blocks, index
 
@@ -285,9 +289,10 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         queue from the middle."""
         refs, owners, pos = self._ref_counts, self._owners, self._queue_pos
         for b in hit_blocks:
-            if refs[b] == 0:
+            if refs[b] == 0:  # a hit block carries its key: it was cached, evictable
                 pos[b] = _NOT_QUEUED
                 self._num_stale += 1
+                self.num_cached_free_blocks -= 1
                 owners[b] = seq.seq_id
             refs[b] += 1
 
@@ -331,6 +336,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
                 hashed = self._has_key[released].tobytes()
                 if b"\x00" not in hashed:
                     self._push_back(released)
+                    self.num_cached_free_blocks += len(released)
                 elif b"\x01" not in hashed:
                     self._push_front(released)
                 elif hashed[0] == 0 and b"\x00" not in hashed[1:]:
@@ -338,10 +344,12 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
                     # only one without a key (free of 80 blocks: 29 -> 13 us, timeit).
                     self._push_front_one(int(released[0]))
                     self._push_back(released[1:])
+                    self.num_cached_free_blocks += len(released) - 1
                 else:
                     mask = self._has_key[released]
                     self._push_front(released[~mask])
                     self._push_back(released[mask])
+                    self.num_cached_free_blocks += int(np.count_nonzero(mask))
         seq.block_table = []
         del self._seqs[seq.seq_id]
         if self.event_sink is not None:

@@ -67,6 +67,7 @@ class PrefixCacheMixin:
     enable_prefix_caching: bool
     event_sink: EventSink | None
     _v1: bool
+    num_cached_free_blocks: int
 
     def get_num_free_blocks(self) -> int:
         raise NotImplementedError
@@ -374,6 +375,7 @@ class PrefixCacheMixin:
             return False
         self._cached.clear()
         self._num_shared_keys = 0
+        self.num_cached_free_blocks = 0
         self._has_key[:] = False
         self._private[:] = False
         sink = self.event_sink

@@ -351,8 +351,10 @@ def simulate(
     consumers: list[ChunkCallback] = []
     if usage is not None:
         consumers.append(usage.consume)
+    # The evictions and vLLM's residency samples (the simulation counts the cached blocks
+    # of each step itself); without prefix caching there are none.
     block_states = (
-        BlockStateTracker(num_blocks, keep_residency=config.caches_prefixes()) if v1 else None
+        BlockStateTracker(num_blocks, track_states=False) if config.caches_prefixes() else None
     )
     if block_states is not None:
         consumers.append(block_states.consume)

@@ -73,15 +73,27 @@ class BlockStateTracker:
     must arrive in order and carry every block id (``on_chunk`` always receives them)."""
 
     def __init__(
-        self, num_blocks: int, *, keep_transitions: bool = False, keep_residency: bool = True
+        self,
+        num_blocks: int,
+        *,
+        keep_transitions: bool = False,
+        keep_residency: bool = True,
+        track_states: bool = True,
     ) -> None:
         """With ``keep_transitions`` it also keeps every moment a block became cached,
         evictable (+1) or stopped being so (-1): ``transitions()``, for the occupancy map.
         Without ``keep_residency`` it keeps no pops and hits (``residency_samples`` is then
-        empty): vLLM collects residency only with prefix caching."""
+        empty): vLLM collects residency only with prefix caching. Without ``track_states``
+        it follows no block's state (no ``cached_blocks_at_steps`` or transitions), only the
+        evictions and the residency samples: a run's simulation measures the cached blocks
+        at each step (SimResult.step_cached_free_blocks), and the state replay was a tenth
+        of the full Azure conversation trace's simulation loop under v1."""
+        if keep_transitions and not track_states:
+            raise ValueError("transitions need the blocks' states tracked")
         self.num_blocks = num_blocks
         self.keep_residency = keep_residency
         self.keep_transitions = keep_transitions
+        self.track_states = track_states
         self._transitions: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._ref = np.zeros(num_blocks, dtype=np.int64)
         self._key = np.zeros(num_blocks, dtype=bool)
@@ -120,6 +132,8 @@ class BlockStateTracker:
             b_hi = int(starts[hi - 1] + counts[hi - 1]) if hi > lo else b_lo
             self._segment(kind[seg], counts[seg], block_ids[b_lo:b_hi], cols["time_s"][seg],
                           delta[seg])  # fmt: skip
+        if not self.track_states:
+            return
         cached = np.cumsum(delta) + self._num_cached_free_before(delta)
         self._at_steps.append(cached[kind == EventKind.STEP])
 
@@ -154,6 +168,8 @@ class BlockStateTracker:
             self._blocks.append(block_ids[access].astype(np.int32))
             self._is_pop.append(_IS_POP[kind[access_event]])
             self._segments.append(np.full(len(access_event), self._num_resets, dtype=np.int32))
+        if not self.track_states:
+            return
         # Without any key, held or arriving, no block can be cached-evictable: only the
         # reference counts move (azure_llm_2023_conv without prefix caching: 0.07 s of
         # tracking instead of 0.93 s).
@@ -218,7 +234,9 @@ class BlockStateTracker:
 
     def cached_blocks_at_steps(self, num_steps: int) -> np.ndarray:
         """Cached-evictable blocks (free, with a key) at each of the first ``num_steps`` STEP
-        events."""
+        events (``track_states`` only)."""
+        if not self.track_states:
+            raise ValueError("this tracker follows no block states (track_states=False)")
         if not self._at_steps:
             return np.zeros(0, dtype=np.int64)
         if len(self._at_steps) > 1:

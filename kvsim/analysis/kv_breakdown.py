@@ -256,8 +256,9 @@ def add_kv_breakdown(
     ``v1`` (the v1 scheduler's pool, where a prefix hit shares blocks): a block held by
     several sequences counts once, so ``filled_slots`` becomes the slots of distinct held
     blocks holding K/V, and ``cached_slots`` is added: free blocks that keep their
-    prefix-cache key (``block_states``, a tracker fed every chunk, or a replay of the kept
-    events), which ``free_slots`` then leaves out.
+    prefix-cache key (as the simulation measured them, ``result.step_cached_free_blocks``;
+    else from ``block_states``, a tracker fed every chunk, or a replay of the kept events),
+    which ``free_slots`` then leaves out.
     """
     n = len(steps)
     total = result.num_blocks * result.block_size
@@ -292,10 +293,13 @@ def add_kv_breakdown(
         usable = usable - extra
         filled = filled - extra
         steps["filled_slots"] = filled
-        if block_states is None:
-            block_states = BlockStateTracker(result.num_blocks)
-            block_states.consume(*result.recorder.columns())
-        cached_blocks = block_states.cached_blocks_at_steps(n)
+        if result.step_cached_free_blocks is not None:
+            cached_blocks = result.step_cached_free_blocks[:n]
+        else:
+            if block_states is None or not block_states.track_states:
+                block_states = BlockStateTracker(result.num_blocks)
+                block_states.consume(*result.recorder.columns())
+            cached_blocks = block_states.cached_blocks_at_steps(n)
         steps.insert_after("free_blocks", "cached_blocks", cached_blocks)
         cached = cached_blocks * result.block_size
     steps["reserved_slots"] = usable - filled

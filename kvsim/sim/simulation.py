@@ -93,6 +93,10 @@ class SimResult:
     reject_reasons: dict[int, str] = dataclasses.field(default_factory=dict)
     # Tokens of each step that prefill (prompt or recompute chunks); the rest decode.
     step_prefill_tokens: np.ndarray | None = None
+    # v1: free blocks keeping their prefix-cache key (cached, evictable) as each step was
+    # scheduled, the BlockManager's count (what replaying the block events gives,
+    # kvsim/analysis/block_states.py, at a fraction of the cost); 0 without prefix caching.
+    step_cached_free_blocks: np.ndarray | None = None
 
 
 class Simulation:
@@ -156,6 +160,8 @@ class Simulation:
         self._durations = array("d")
         self._filled = array("q")
         self._running = array("q")
+        v1 = scheduler.config.scheduler == "v1"
+        self._cached_free = array("q") if v1 else None
         self._progress_every = progress_every_steps
         self._next_progress = progress_every_steps
         self._decode_step_time: Callable[[int, int, int], float] | None = None
@@ -252,6 +258,7 @@ class Simulation:
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, sched, executor = self.env, self.scheduler, self.executor
         durations, filled, running = self._durations, self._filled, self._running
+        bm, cached_free = self.block_manager, self._cached_free
         plain_decodes = hasattr(sched, "run_plain_decodes") and hasattr(
             executor, "decode_step_timer"
         )
@@ -284,6 +291,8 @@ class Simulation:
             durations.append(dt)
             filled.append(sched.num_cached_tokens + out.num_batched_tokens)
             running.append(sched.num_running)
+            if cached_free is not None:
+                cached_free.append(bm.num_cached_free_blocks)
             yield from self._advance_clock(dt)
             for seq in sched.update(out, tokens):
                 self._finish_seq(seq)
@@ -313,6 +322,7 @@ class Simulation:
             self._decode_step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
         step_time = self._decode_step_time
         durations, filled, running = self._durations, self._filled, self._running
+        bm, cached_free = self.block_manager, self._cached_free
         finish, peek = self._finish_seq, env.peek
         pending_dt = 0.0
         # When the next simpy event is due: inside run_plain_decodes only a finish can bring
@@ -325,6 +335,8 @@ class Simulation:
             durations.append(dt)
             filled.append(context_tokens)
             running.append(num_seqs)
+            if cached_free is not None:
+                cached_free.append(bm.num_cached_free_blocks)
             if len(durations) >= self._next_progress:  # never, without a progress callback
                 self._report(progress)
             end = env._now + dt  # _advance_clock, inlined: this is the simulator's hottest loop
@@ -386,4 +398,7 @@ class Simulation:
             wall_time_s=wall,
             reject_reasons=self._reject_reasons,
             step_prefill_tokens=prefill,
+            step_cached_free_blocks=None
+            if self._cached_free is None
+            else np.frombuffer(self._cached_free, dtype=np.int64).copy(),
         )

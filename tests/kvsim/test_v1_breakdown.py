@@ -324,6 +324,30 @@ def test_block_states_are_the_same_for_block_ids_past_16_bits(
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_simulation_counts_the_cached_blocks_the_events_give(
+    pressured_v1_run: RunResult,
+) -> None:
+    # The run's cached_blocks are the BlockManager's count at each step; replaying the
+    # block events gives them too. A tracker that follows no block states (the run's) still
+    # gives the same evictions and residency samples, and refuses the per-step counts.
+    result = pressured_v1_run
+    cols, block_ids = result_columns(result)
+    full = BlockStateTracker(result.summary["num_blocks"])
+    light = BlockStateTracker(result.summary["num_blocks"], track_states=False)
+    full.consume(cols, block_ids)
+    light.consume(cols, block_ids)
+    cached = result.steps["cached_blocks"].to_numpy()
+    assert cached.max() > 0
+    np.testing.assert_array_equal(full.cached_blocks_at_steps(len(cached)), cached)
+    assert light.num_evictions == full.num_evictions == result.summary["prefix_cache_evictions"]
+    for a, b in zip(light.residency_samples(), full.residency_samples(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="track_states"):
+        light.cached_blocks_at_steps(1)
+    with pytest.raises(ValueError, match="transitions"):
+        BlockStateTracker(4, keep_transitions=True, track_states=False)
+
+
 @pytest.mark.parametrize("bound", [1, 7_515, 1 << 16, (1 << 16) + 1, 1 << 32, 1 << 40])
 def test_stable_order_is_numpys_stable_argsort(bound: int) -> None:
     keys = np.random.default_rng(bound % 1000).integers(0, bound, 5_000)
