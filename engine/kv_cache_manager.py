@@ -170,9 +170,9 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         pos[pos >= 0] -= head
         self._head = 0
 
-    def _push_front(self, blocks: np.ndarray) -> None:
-        """Put ``blocks`` (an intp index array) at the front of the free queue, ``blocks[0]``
-        first."""
+    def _push_front(self, blocks: np.ndarray, as_list: list[int] | None = None) -> None:
+        """Put ``blocks`` (an intp index array, and optionally the same ids ``as_list``) at
+        the front of the free queue, ``blocks[0]`` first."""
         k = len(blocks)
         if k > self._head:
             # Rebuild with room in front for these blocks and a quarter of the queue more.
@@ -187,7 +187,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
             pos[pos >= 0] += room - self._head
             self._head = room
         head = self._head - k
-        self._free[head : self._head] = blocks.tolist()
+        self._free[head : self._head] = blocks.tolist() if as_list is None else as_list
         self._head = head
         self._queue_pos_np[blocks] = np.arange(head, head + k, dtype=np.int32)
 
@@ -202,10 +202,11 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         self._queue_pos[b] = head
         self._head = head
 
-    def _push_back(self, blocks: np.ndarray) -> None:
-        """Put ``blocks`` (an intp index array) at the back of the free queue, in order."""
+    def _push_back(self, blocks: np.ndarray, as_list: list[int] | None = None) -> None:
+        """Put ``blocks`` (an intp index array, and optionally the same ids ``as_list``) at
+        the back of the free queue, in order."""
         start = len(self._free)
-        self._free.extend(blocks.tolist())
+        self._free.extend(blocks.tolist() if as_list is None else as_list)
         self._queue_pos_np[blocks] = np.arange(start, start + len(blocks), dtype=np.int32)
 
     # --- per sequence ------------------------------------------------------------------------
@@ -306,20 +307,24 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
             seq._num_cached_blocks = seq._num_keyed_blocks = 0
             self._seqs.pop(seq.seq_id, None)
             return
-        forward = np.array(table, dtype=np.intp)
+        # The table reversed, as a list and as a contiguous index array: the queue takes the
+        # list as it is (no tolist), numpy the array (no reversed view)
+        reverse = table[::-1]
+        index = np.array(reverse, dtype=np.intp)
         private = seq.prefix is not None and not seq.prefix.shared
         if private and seq._num_keyed_blocks < seq._num_cached_blocks:
-            self.key_deferred_blocks(seq, forward)
+            self.key_deferred_blocks(seq, index[::-1])
         if preempted and private and seq._num_cached_blocks:
             seq._cached_tables.append(table[: seq._num_cached_blocks])
         seq._num_cached_blocks = seq._num_keyed_blocks = 0
-        index = forward[::-1]
         refs = self._ref_counts_np
         held = refs[index]
+        as_list: list[int] | None = None  # ``released`` as a list, when it is the table
         if self._each_held_once(held):
             # The usual case, nobody else holds a block of the table: every count goes 1 -> 0.
             refs[index] = 0
             released = index
+            as_list = reverse
         else:
             counts = held - 1
             if counts.min() < 0:
@@ -331,19 +336,19 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         if len(released):
             self._owners_np[released] = FREE_OWNER
             if not self.enable_prefix_caching:
-                self._push_front(released)
+                self._push_front(released, as_list)
             else:
                 hashed = self._has_key[released].tobytes()
                 if b"\x00" not in hashed:
-                    self._push_back(released)
+                    self._push_back(released, as_list)
                     self.num_cached_free_blocks += len(released)
                 elif b"\x01" not in hashed:
-                    self._push_front(released)
+                    self._push_front(released, as_list)
                 elif hashed[0] == 0 and b"\x00" not in hashed[1:]:
                     # A finished sequence: its last block, not full, walked first, is the
                     # only one without a key (free of 80 blocks: 29 -> 13 us, timeit).
                     self._push_front_one(int(released[0]))
-                    self._push_back(released[1:])
+                    self._push_back(released[1:], None if as_list is None else as_list[1:])
                     self.num_cached_free_blocks += len(released) - 1
                 else:
                     mask = self._has_key[released]
