@@ -229,11 +229,11 @@ class PrefixCacheMixin:
             # Preempted once (the usual case): the leading blocks of that table still ours,
             # tested as arrays (a blocked, preempted waiting head is looked up after every
             # finish: 1.1% of the full Azure conversation trace's v1 run in the block loop)
-            table = tables[0][:max_blocks]
-            index = np.array(table, dtype=np.intp)
-            ours = self._has_key[index] & self._private[index]
-            ours &= self._block_key[index] == np.array(keys[: len(table)], dtype=np.int64)
-            return table if ours.all() else table[: int(np.argmin(ours))]
+            first = tables[0][:max_blocks]
+            index = np.array(first, dtype=np.intp)
+            still_ours = self._has_key[index] & self._private[index]
+            still_ours &= self._block_key[index] == np.array(keys[: len(first)], dtype=np.int64)
+            return first if still_ours.all() else first[: int(np.argmin(still_ours))]
         has_key, private, block_key = self._has_key_c, self._private_c, self._block_key_c
         cached_at = self._cached_at_c
         for i in range(max_blocks):
