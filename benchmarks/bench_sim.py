@@ -8,8 +8,13 @@
    events kept in memory; then as `kvsim run` does it, events streamed to a Parquet file.
 2. --million: one million synthetic requests (Poisson, lognormal lengths) in cost mode, with
    events streamed to a run folder; peak RSS of the whole process (target: under 2 GiB).
+3. --schedulers: issue 12's bar, the full Azure 2023 conversation trace (llama-2-7b,
+   a100-80gb) under the classic scheduler, v1 without prefix caching and v1 with it (the
+   default), in turns within each round, events streamed to Parquet as `kvsim run` does:
+   medians of the simulation loop and of the whole run, and each one's ratio to classic
+   (bar: v1 within 1.2x).
 
-    python benchmarks/bench_sim.py [--repeats 3] [--million]
+    python benchmarks/bench_sim.py [--repeats 3] [--million] [--schedulers]
 """
 
 from __future__ import annotations
@@ -108,6 +113,39 @@ def bench_million(num_requests: int) -> None:
         )
 
 
+SCHEDULERS = {
+    "classic": RunConfig(trace="azure_llm_2023_conv", scheduler="classic"),
+    "v1, no prefix caching": RunConfig(
+        trace="azure_llm_2023_conv", scheduler="v1", enable_prefix_caching=False
+    ),
+    "v1 (default: prefix caching)": RunConfig(trace="azure_llm_2023_conv", scheduler="v1"),
+}
+
+
+def bench_schedulers(repeats: int) -> None:
+    sims: dict[str, list[float]] = {name: [] for name in SCHEDULERS}
+    totals: dict[str, list[float]] = {name: [] for name in SCHEDULERS}
+    steps: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            for name, config in SCHEDULERS.items():  # in turns: the machine's speed drifts
+                start = time.perf_counter()
+                result = run(config, events_path=Path(tmp) / "events.parquet")
+                totals[name].append(time.perf_counter() - start)
+                sims[name].append(result.summary["wall_time_s"])
+                steps[name] = result.summary["num_steps"]
+    base_sim = statistics.median(sims["classic"])
+    base_total = statistics.median(totals["classic"])
+    print(f"azure_llm_2023_conv, events streamed, medians of {repeats} rounds in turns")
+    for name in SCHEDULERS:
+        sim, total = statistics.median(sims[name]), statistics.median(totals[name])
+        print(
+            f"  {name:30s} sim loop {sim:5.2f} s ({sim / base_sim:4.2f}x classic)  "
+            f"whole run {total:5.2f} s ({total / base_total:4.2f}x)  steps {steps[name]:,}"
+        )
+    print("  bar (issue 12): v1 within 1.2x of classic")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -115,9 +153,14 @@ def main() -> None:
     parser.add_argument(
         "--requests", type=int, default=1_000_000, help="with --million: how many (default 1M)"
     )
+    parser.add_argument(
+        "--schedulers", action="store_true", help="classic against v1 (issue 12's bar)"
+    )
     args = parser.parse_args()
     if args.million:
         bench_million(args.requests)
+    elif args.schedulers:
+        bench_schedulers(args.repeats)
     else:
         bench_trace(args.repeats)
 
