@@ -9,13 +9,14 @@ them), with the machinery of engine/fast_decode.py applied to v1's mixed steps:
   the free queue) and those whose token fills a block (it is cached, under a key made in
   O(1) from the previous one) are two residue classes of (computed tokens - mark) modulo
   the block size, kept in per-class lists in running order; finishes come off a heap.
-- A step is fast when the running pass can neither preempt (the blocks it needs are free)
-  nor run out of budget before its last sequence: then only the decoders of those two
-  classes and the sequences still prefilling are visited, in running order, as the plain
-  running pass would visit them. The waiting pass is the plain one, skipped while the
-  waiting head is known blocked (engine/blocked_head.py).
-- Any other step (preemption, a budget that cuts decodes) brings everything up to date and
-  runs the plain V1Scheduler step.
+- A step is fast when the running pass cannot run out of budget before its last sequence:
+  then only the decoders of those two classes and the sequences still prefilling are
+  visited, in running order, as the plain running pass would visit them; under FCFS, when
+  the blocks they need are short, the last running sequences are preempted before a visit,
+  as the plain pass does (``_preempting_pass``). The waiting pass is the plain one, skipped
+  while the waiting head is known blocked (engine/blocked_head.py).
+- Any other step (a budget that cuts decodes, a priority preemption) brings everything up
+  to date and runs the plain V1Scheduler step.
 
 ``run_plain_decodes`` / ``begin_plain_decode`` / ``end_plain_decode`` run decode-only steps
 back to back without output objects, as FastDecodeScheduler's do. A fast step's output
