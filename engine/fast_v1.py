@@ -207,8 +207,7 @@ class FastV1Scheduler(LazyV1Scheduler):
         caching = bm.enable_prefix_caching
         needing = self._buckets[-d % bs]
         filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
-        nonlazy = self._nonlazy
-        if not nonlazy:
+        if not self._nonlazy:
             if caching and bs == 1:  # the token fills the block it took
                 for seq in needing:
                     bm.append_decode_block(seq)
@@ -216,10 +215,7 @@ class FastV1Scheduler(LazyV1Scheduler):
                 return
             self._decode_pass(needing, filling)
             return
-        active = [*needing, *filling, *nonlazy]
-        active.sort(key=self._order_key)
-        chunk_of = {id(s): n for s, n in zip(nonlazy, chunks)}
-        needs = {id(s) for s in needing}
+        active, chunk_of, needs = self._visits(needing, filling, chunks)
         max_len = self.config.max_model_len
         for seq in active:
             n = chunk_of.get(id(seq))
@@ -235,6 +231,17 @@ class FastV1Scheduler(LazyV1Scheduler):
             else:
                 self._cache_decode(seq)
 
+    def _visits(
+        self, needing: list[Sequence], filling: list[Sequence], chunks: list[int]
+    ) -> tuple[list[Sequence], dict[int, int], set[int]]:
+        """A running pass's visits in running order (the decoders taking or filling a
+        block, and the prefilling sequences), each prefilling one's tokens and the decoders
+        taking a block (both by id)."""
+        nonlazy = self._nonlazy
+        active = [*needing, *filling, *nonlazy]
+        active.sort(key=self._order_key)
+        return active, {id(s): n for s, n in zip(nonlazy, chunks)}, {id(s) for s in needing}
+
     def _preempting_pass(self, chunks: list[int], preempted: list[Sequence]) -> None:
         """``_running_pass`` of a step whose blocks are short (FCFS): before a visited
         sequence's blocks, the last running sequences are preempted until they fit, as the
@@ -245,13 +252,9 @@ class FastV1Scheduler(LazyV1Scheduler):
         bm = self.block_manager
         bs = bm.block_size
         caching = bm.enable_prefix_caching
-        nonlazy = self._nonlazy
         needing = self._buckets[-self._decodes % bs]
         filling = self._buckets[(-self._decodes - 1) % bs] if caching and bs > 1 else []
-        active = [*needing, *filling, *nonlazy]
-        active.sort(key=self._order_key)
-        chunk_of = {id(s): n for s, n in zip(nonlazy, chunks)}
-        needs = {id(s) for s in needing}
+        active, chunk_of, needs = self._visits(needing, filling, chunks)
         max_len = self.config.max_model_len
         for seq in active:
             if seq.status is not RUNNING:
