@@ -72,7 +72,6 @@ class FastV1Scheduler(LazyV1Scheduler):
         self._fast_out: SchedulerOutput | None = None
         self._fast_batch: list[tuple[Sequence, int, int]] = []  # nonlazy (seq, n, position)
         self._plain_pending = False
-        self._short = False  # this step's blocks are short (_plan_running)
 
     # --- schedule -----------------------------------------------------------------------------
 
@@ -89,12 +88,11 @@ class FastV1Scheduler(LazyV1Scheduler):
             out = super().schedule()
         return out
 
-    def _plan_running(self, threshold: int) -> list[int] | None:
-        """Each prefilling sequence's tokens this step, if the running pass cannot cut a
-        decode for budget and, under priority, cannot preempt; else None (take the plain
-        path). ``_short`` says whether the blocks it needs exceed the free ones (FCFS: the
-        running pass then preempts from the tail, as the plain one does)."""
-        self._short = False
+    def _plan_running(self, threshold: int) -> tuple[list[int], bool] | None:
+        """Each prefilling sequence's tokens this step, and whether the blocks the running
+        pass needs exceed the free ones (FCFS: it then preempts from the tail, as the plain
+        pass does), if it cannot cut a decode for budget and, under priority, cannot
+        preempt; else None (take the plain path)."""
         running, nonlazy = self._running, self._nonlazy
         cfg, bm = self.config, self.block_manager
         max_len = cfg.max_model_len
@@ -124,11 +122,10 @@ class FastV1Scheduler(LazyV1Scheduler):
             if max_len is not None and slots > max_len:
                 slots = max_len
             blocks += max(-(-slots // bs) - len(seq.block_table), 0)
-        if blocks > bm.get_num_free_blocks():
-            if self._by_priority:
-                return None  # its victims may be scheduled already: the plain pass
-            self._short = True
-        return chunks
+        short = blocks > bm.get_num_free_blocks()
+        if short and self._by_priority:
+            return None  # its victims may be scheduled already: the plain pass
+        return chunks, short
 
     def _schedule_fast(self) -> SchedulerOutput | None:
         if not self._running:
@@ -136,19 +133,18 @@ class FastV1Scheduler(LazyV1Scheduler):
         cfg = self.config
         eligible = len(self._running) + self.num_waiting
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
-        chunks = self._plan_running(threshold)
-        if chunks is None:
+        plan = self._plan_running(threshold)
+        if plan is None:
             return None
+        chunks, short = plan
         self.step += 1
         sink = self.event_sink
         if sink is not None:
             sink.begin_step(self.step)
         running, nonlazy = self._running, self._nonlazy
         preempted: list[Sequence] = []
-        if self._short:
-            chunk_of = {id(s): n for s, n in zip(nonlazy, chunks)}
-            self._preempting_pass(chunks, preempted)
-            chunks = [chunk_of[id(s)] for s in nonlazy]  # the victims left nonlazy
+        if short:
+            chunks = self._preempting_pass(chunks, preempted)
         else:
             self._running_pass(chunks)
         num_running = len(running)
@@ -242,13 +238,14 @@ class FastV1Scheduler(LazyV1Scheduler):
         active.sort(key=self._order_key)
         return active, {id(s): n for s, n in zip(nonlazy, chunks)}, {id(s) for s in needing}
 
-    def _preempting_pass(self, chunks: list[int], preempted: list[Sequence]) -> None:
+    def _preempting_pass(self, chunks: list[int], preempted: list[Sequence]) -> list[int]:
         """``_running_pass`` of a step whose blocks are short (FCFS): before a visited
         sequence's blocks, the last running sequences are preempted until they fit, as the
         plain pass does; the pass ends when a sequence has to preempt itself. Victims come
         from the tail, so no visited sequence is one, and the budget of those visited is
         what the plan counted (1,885 of the full Azure conversation trace's 1,891 plain
-        steps under v1 were such steps)."""
+        steps under v1 were such steps). Returns the chunks of the prefilling sequences
+        still running (victims leave ``_nonlazy``)."""
         bm = self.block_manager
         bs = bm.block_size
         caching = bm.enable_prefix_caching
@@ -258,23 +255,27 @@ class FastV1Scheduler(LazyV1Scheduler):
         max_len = self.config.max_model_len
         for seq in active:
             if seq.status is not RUNNING:
-                return  # preempted before its turn: so is every later one
+                break  # preempted before its turn: so is every later one
             n = chunk_of.get(id(seq))
             if n is not None:
                 while not bm.allocate_slots(
                     seq, n, [], full_sequence_tokens=0, watermark_blocks=0, max_model_len=max_len
                 ):
                     if self._preempt_last(seq, preempted):
-                        return
+                        break
             elif id(seq) in needs:
                 while not bm.get_num_free_blocks():  # a decode's one block
                     if self._preempt_last(seq, preempted):
-                        return
-                bm.append_decode_block(seq)
-                if caching and bs == 1:
-                    self._cache_decode(seq)
+                        break
+                else:
+                    bm.append_decode_block(seq)
+                    if caching and bs == 1:
+                        self._cache_decode(seq)
             else:
                 self._cache_decode(seq)
+            if seq.status is not RUNNING:
+                break  # it preempted itself: the pass ends
+        return [chunk_of[id(s)] for s in self._nonlazy]
 
     def _preempt_last(self, seq: Sequence, preempted: list[Sequence]) -> bool:
         """Preempt the last running sequence for ``seq``; whether that was ``seq``."""

@@ -392,9 +392,8 @@ def simulate(
         # The metrics are computed while the writer thread encodes the last chunks (the
         # default trace's run waited 40-100 ms for it here); close() still raises its errors.
         steps = add_kv_breakdown(
-            steps_table(result, v1=v1), result, config.allocator, max_model_len, usage,
-            v1=v1, block_states=block_states,
-        )  # fmt: skip
+            steps_table(result, v1=v1), result, config.allocator, max_model_len, usage, v1=v1
+        )
         adm = prefix_cache = None
         if v1:
             prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)

@@ -244,7 +244,6 @@ def add_kv_breakdown(
     paged_usage: PagedUsageTracker | None = None,
     *,
     v1: bool = False,
-    block_states: BlockStateTracker | None = None,
 ) -> Table:
     """Add ``reserved_slots``, ``internal_frag_slots``, ``external_frag_slots`` and
     ``free_slots`` to ``steps`` (in place; also returned). With ``filled_slots`` they sum to
@@ -257,8 +256,7 @@ def add_kv_breakdown(
     several sequences counts once, so ``filled_slots`` becomes the slots of distinct held
     blocks holding K/V, and ``cached_slots`` is added: free blocks that keep their
     prefix-cache key (as the simulation measured them, ``result.step_cached_free_blocks``;
-    else from ``block_states``, a tracker fed every chunk, or a replay of the kept events),
-    which ``free_slots`` then leaves out.
+    else a replay of the kept events), which ``free_slots`` then leaves out.
     """
     n = len(steps)
     total = result.num_blocks * result.block_size
@@ -296,9 +294,8 @@ def add_kv_breakdown(
         if result.step_cached_free_blocks is not None:
             cached_blocks = result.step_cached_free_blocks[:n]
         else:
-            if block_states is None or not block_states.track_states:
-                block_states = BlockStateTracker(result.num_blocks)
-                block_states.consume(*result.recorder.columns())
+            block_states = BlockStateTracker(result.num_blocks)
+            block_states.consume(*result.recorder.columns())
             cached_blocks = block_states.cached_blocks_at_steps(n)
         steps.insert_after("free_blocks", "cached_blocks", cached_blocks)
         cached = cached_blocks * result.block_size
