@@ -12,7 +12,8 @@
    a100-80gb) under the classic scheduler, v1 without prefix caching and v1 with it (the
    default), in turns within each round, events streamed to Parquet as `kvsim run` does:
    medians of the simulation loop and of the whole run, and each one's ratio to classic
-   (bar: v1 within 1.2x).
+   (bar: v1 within 1.2x); beside them the work each run does (steps, preemptions, rows of
+   its events.parquet) and the simulation loop's time per event row.
 
     python benchmarks/bench_sim.py [--repeats 3] [--million] [--schedulers]
 """
@@ -25,6 +26,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from kvsim.config import RunConfig
 from kvsim.runner import run
@@ -125,23 +128,31 @@ SCHEDULERS = {
 def bench_schedulers(repeats: int) -> None:
     sims: dict[str, list[float]] = {name: [] for name in SCHEDULERS}
     totals: dict[str, list[float]] = {name: [] for name in SCHEDULERS}
-    steps: dict[str, int] = {}
+    work: dict[str, tuple[int, int, int]] = {}  # steps, preemptions, event rows
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
             for name, config in SCHEDULERS.items():  # in turns: the machine's speed drifts
+                path = Path(tmp) / "events.parquet"
                 start = time.perf_counter()
-                result = run(config, events_path=Path(tmp) / "events.parquet")
+                result = run(config, events_path=path)
                 totals[name].append(time.perf_counter() - start)
                 sims[name].append(result.summary["wall_time_s"])
-                steps[name] = result.summary["num_steps"]
+                s = result.summary
+                rows = pq.ParquetFile(path).metadata.num_rows
+                work[name] = (s["num_steps"], s["num_preemptions"], rows)
     base_sim = statistics.median(sims["classic"])
     base_total = statistics.median(totals["classic"])
     print(f"azure_llm_2023_conv, events streamed, medians of {repeats} rounds in turns")
+    base_per_row = base_sim / work["classic"][2]
     for name in SCHEDULERS:
         sim, total = statistics.median(sims[name]), statistics.median(totals[name])
+        steps, preemptions, rows = work[name]
+        per_row = sim / rows
         print(
             f"  {name:30s} sim loop {sim:5.2f} s ({sim / base_sim:4.2f}x classic)  "
-            f"whole run {total:5.2f} s ({total / base_total:4.2f}x)  steps {steps[name]:,}"
+            f"whole run {total:5.2f} s ({total / base_total:4.2f}x)  steps {steps:,}  "
+            f"preemptions {preemptions:,}  event rows {rows / 1e6:4.2f} M  "
+            f"sim loop per row {per_row * 1e9:4.0f} ns ({per_row / base_per_row:4.2f}x)"
         )
     print("  bar (issue 12): v1 within 1.2x of classic")
 
