@@ -132,9 +132,10 @@ def prefix_cache_summary(
     preempted_queries = int(adm.num_tokens[adm.resumed].sum()) if caching else 0
     preempted_hits = int(adm.hit_tokens[adm.resumed].sum())
     recomputed = int((adm.num_tokens - adm.hit_tokens)[adm.resumed].sum())
-    residency: tuple[np.ndarray, ...] = (np.zeros(0),) * 3
+    empty = distribution(np.zeros(0))
+    residency = (empty, empty, empty)
     if caching and block_states is not None:
-        residency = block_states.residency_samples()
+        residency = block_states.residency.distributions()
     return {
         "prefix_cache_requests": int(first.sum()) if caching else 0,
         "prefix_cache_queries": queries,
@@ -153,7 +154,7 @@ def prefix_cache_summary(
         "prefix_cache_evictions": block_states.num_evictions
         if caching and block_states is not None
         else 0,
-        "kv_block_lifetime_s": distribution(residency[0]),
-        "kv_block_idle_before_evict_s": distribution(residency[1]),
-        "kv_block_reuse_gap_s": distribution(residency[2]),
+        "kv_block_lifetime_s": residency[0],
+        "kv_block_idle_before_evict_s": residency[1],
+        "kv_block_reuse_gap_s": residency[2],
     }

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import EventKind
-from kvsim.analysis.block_states import BlockStateTracker, stable_order
+from kvsim.analysis.block_states import BlockStateTracker
+from kvsim.analysis.residency import stable_order
 from kvsim.config import RunConfig
 from kvsim.runner import RunResult, run
 
