@@ -28,9 +28,10 @@ ACCESS_HISTORY = 4
 # Samples kept per metric before the reservoir samples them: 32 MiB of float64 each. The
 # full Azure conversation trace has 1.6 M lives, the million-request benchmark tens of millions.
 RESERVOIR_SIZE = 1 << 22
-# Rows buffered before a batch is folded in: bounds the batch's temporaries (~100 bytes a
-# row) while keeping numpy's per-call costs negligible.
-BATCH_ROWS = 1 << 21
+# Rows buffered before a batch is folded in: bounds the batch's temporaries (~150 bytes a
+# row) while keeping numpy's per-call costs negligible: `bench_sim.py --million --requests
+# 100000` peaks at 447 MiB RSS with 1 << 19, 724 MiB with 1 << 21, in the same time.
+BATCH_ROWS = 1 << 19
 _SEED = 0x6B76_7369_6D  # any constant: the same run gives the same sample
 
 Distribution = dict[str, float | None]  # {mean, p50, p90, p99}, as summary.json writes them
