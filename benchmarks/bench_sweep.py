@@ -4,6 +4,7 @@ pool with one worker per CPU. Prints the sweep's wall time (median of --repeats)
 its simulator wall time and its whole time (load, simulate, metrics, run folder).
 
     python benchmarks/bench_sweep.py [--repeats 1] [--jobs N] [--events] [--executor process]
+        [--scheduler v1|classic] [--no-prefix-caching]
 """
 
 from __future__ import annotations
@@ -30,9 +31,20 @@ def main() -> None:
     parser.add_argument("--executor", default="process")
     parser.add_argument("--events", action="store_true", help="write events.parquet per point")
     parser.add_argument("--allocator", default="paged")
+    parser.add_argument(
+        "--scheduler", default=None, help="v1 or classic (default: as kvsim run resolves it)"
+    )
+    parser.add_argument(
+        "--no-prefix-caching", action="store_true", help="v1 without prefix caching"
+    )
     args = parser.parse_args()
     spec = make_spec(
-        RunConfig(trace=args.trace, allocator=args.allocator),
+        RunConfig(
+            trace=args.trace,
+            allocator=args.allocator,
+            scheduler=args.scheduler,
+            enable_prefix_caching=not args.no_prefix_caching,
+        ),
         [("block_size", BLOCK_SIZES)],
         events=args.events,
     )
@@ -45,7 +57,8 @@ def main() -> None:
     t = result.table
     print(
         f"{args.trace}: {len(t)} points, {args.jobs} jobs ({args.executor}), "
-        f"events {'on' if args.events else 'off'}"
+        f"events {'on' if args.events else 'off'}, scheduler {args.scheduler or 'default'}"
+        f"{', no prefix caching' if args.no_prefix_caching else ''}"
     )
     print(
         f"{'block':>6} {'blocks':>9} {'sim wall s':>11} {'point s':>8} {'req/s':>8} {'status':>7}"

@@ -108,6 +108,8 @@ class DecodeBlocksMixin:
             visits = [(0, 1, s) for s in filling]
         elif not filling:
             visits = [(0, 0, s) for s in needing]
+        elif filling is needing:  # block size 1: each takes a block and fills it, in order
+            visits = [(0, c, s) for s in needing for c in (0, 1)]
         else:
             # (running position, take 0 / cache 1, seq): one sort of int-led tuples; a block
             # size of 1 has a sequence take a block and fill it in one step, take first

@@ -188,9 +188,7 @@ class LazyV1Scheduler(V1Scheduler):
         filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
         if not self._nonlazy:
             if caching and bs == 1:  # the token fills the block it took
-                for seq in needing:
-                    bm.append_decode_block(seq)
-                    self._cache_decode(seq)
+                self._decode_pass(needing, needing)
                 return
             self._decode_pass(needing, filling)
             return
