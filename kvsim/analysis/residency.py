@@ -14,10 +14,15 @@ each block's open life from batch to batch (when it started, its last accesses),
 holds one batch of rows and the samples, never the whole run's rows (a million-request run
 hands out tens of millions of blocks). The samples go to a ``SampleReservoir`` per metric,
 which keeps every one up to ``RESERVOIR_SIZE`` and past that a uniform, seeded sample of
-that many (the mean still over every sample), so a run's summary repeats exactly.
+that many (the mean still over every sample, summed exactly). Each sample carries an id (the
+index of the event row that ended its life), and both the sample and the mean depend only
+on the samples and their ids, not on how the rows were batched: the recorder's chunking is
+an implementation detail that must not move a summary's last digit.
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 
@@ -25,9 +30,10 @@ from kvsim.analysis.load import distribution
 
 # The last accesses a block remembers (vLLM's BlockMetricsState.access_history maxlen).
 ACCESS_HISTORY = 4
-# Samples kept per metric before the reservoir samples them: 32 MiB of float64 each. The
-# full Azure conversation trace has 1.6 M lives, the million-request benchmark tens of millions.
-RESERVOIR_SIZE = 1 << 22
+# Samples kept per metric before the reservoir samples them (16 bytes each with its id, up
+# to a quarter more between trims: ~40 MiB a metric). The full Azure conversation trace has
+# 1.6 M lives, so its samples are exact; the million-request benchmark has tens of millions.
+RESERVOIR_SIZE = 1 << 21
 # Rows buffered before a batch is folded in: bounds the batch's temporaries (~150 bytes a
 # row) while keeping numpy's per-call costs negligible: `bench_sim.py --million --requests
 # 100000` peaks at 447 MiB RSS with 1 << 19, 724 MiB with 1 << 21, in the same time.
@@ -50,64 +56,107 @@ def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
+def _priority(ids: np.ndarray, seed: int) -> np.ndarray:
+    """A fixed pseudo-random uint64 per id (splitmix64's finalizer): the sample keeps the
+    smallest, so it depends on which values came, not on their order or batches."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) ^ np.uint64(seed)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        out: np.ndarray = z ^ (z >> np.uint64(31))
+        return out
+
+
+class ExactSum:
+    """The exact sum of float64 values, however they are batched: each value is split into
+    integer mantissa halves per binary exponent, summed as integers, so the mean is the
+    correctly rounded mean of every value (a float sum's last bits depend on its order)."""
+
+    _HALF = 26  # mantissa bits in the low half: 2**27 per high half, sums exact in float64
+
+    def __init__(self) -> None:
+        self._by_exponent: dict[int, int] = {}
+
+    def add(self, values: np.ndarray) -> None:
+        step = 1 << 25  # bincount's float64 sums stay exact below 2**53
+        for lo in range(0, len(values), step):
+            mantissa, exponent = np.frexp(values[lo : lo + step])
+            m = (mantissa * 2.0**53).astype(np.int64)  # exact: 53 significant bits
+            base = int(exponent.min())
+            e = exponent - base
+            high = np.bincount(e, weights=(m >> self._HALF).astype(np.float64))
+            low = np.bincount(e, weights=(m & ((1 << self._HALF) - 1)).astype(np.float64))
+            for i in np.flatnonzero(high.astype(bool) | low.astype(bool)):
+                k = base + int(i) - 53
+                total = (int(high[i]) << self._HALF) + int(low[i])
+                self._by_exponent[k] = self._by_exponent.get(k, 0) + total
+
+    def mean(self, count: int) -> float:
+        total = sum(
+            (Fraction(v) * Fraction(2) ** k for k, v in self._by_exponent.items()), Fraction(0)
+        )
+        return float(total / count)
+
+
 class SampleReservoir:
-    """Values added in batches: all of them up to ``capacity``, then a uniform sample of
-    ``capacity`` (Algorithm R: the i-th value replaces a random kept one with probability
-    capacity / i), drawn from a generator with a fixed seed."""
+    """Values added in batches, each with an id that is unique and does not depend on the
+    batching (for a block life: the event row that ended it): all of them up to
+    ``capacity``, then the ``capacity`` whose seeded pseudo-random priorities are smallest
+    (a uniform sample, bottom-k). Neither the sample nor the mean depends on how the values
+    were batched or ordered."""
 
     def __init__(self, capacity: int = RESERVOIR_SIZE, seed: int = _SEED) -> None:
         self.capacity = capacity
         self.count = 0  # values added
-        self._total = 0.0  # their sum (the mean once sampling)
-        self._parts: list[np.ndarray] = []  # every value, while count <= capacity
-        self._kept: np.ndarray | None = None  # the sample, once count > capacity
         self._seed = seed
-        # Made when sampling starts: numpy.random imports `secrets` (~10 ms of a short run).
-        self._rng: np.random.Generator | None = None
+        self._sum = ExactSum()
+        self._values: list[np.ndarray] = []
+        self._ids: list[np.ndarray] = []
+        self._num_kept = 0  # values in _values (kept or candidates)
+        self._threshold: int | None = None  # once sampling: priorities below it may stay
 
-    def add(self, values: np.ndarray) -> None:
-        n = len(values)
-        if not n:
+    def add(self, values: np.ndarray, ids: np.ndarray) -> None:
+        if not len(values):
             return
         values = np.asarray(values, dtype=np.float64)
-        self._total += float(values.sum())
-        if self._kept is None and self.count + n <= self.capacity:
-            self._parts.append(values)
-            self.count += n
-            return
-        if self._kept is None:  # fill up to capacity, then sample the rest
-            room = self.capacity - self.count
-            self._kept = np.concatenate([*self._parts, values[:room]])
-            self._parts = []
-            self.count += room
-            values = values[room:]
-            n = len(values)
-        if self._rng is None:
-            self._rng = np.random.default_rng(self._seed)
-        # value number i (1-based) lands on slot j, uniform in [0, i), when j < capacity
-        slots = self._rng.integers(0, np.arange(self.count + 1, self.count + n + 1))
-        hit = np.flatnonzero(slots < self.capacity)
-        # several values may land on one slot: the last one stays, as sequentially
-        last_first = hit[::-1]
-        _, at = np.unique(slots[last_first], return_index=True)
-        winners = last_first[at]
-        self._kept[slots[winners]] = values[winners]
-        self.count += n
+        ids = np.asarray(ids, dtype=np.int64)
+        self.count += len(values)
+        self._sum.add(values)
+        if self._threshold is not None:  # only values that can still be sampled
+            keep = _priority(ids, self._seed) < np.uint64(self._threshold)
+            values, ids = values[keep], ids[keep]
+        self._values.append(values)
+        self._ids.append(ids)
+        self._num_kept += len(values)
+        if self._num_kept > self.capacity + self.capacity // 4:  # bounded slack, rare trims
+            self._trim()
+
+    def _trim(self) -> None:
+        """Keep the ``capacity`` smallest priorities; the largest kept is the threshold."""
+        if not self._values:
+            self._values, self._ids = [np.zeros(0)], [np.zeros(0, dtype=np.int64)]
+        values, ids = np.concatenate(self._values), np.concatenate(self._ids)
+        if len(values) > self.capacity:
+            priority = _priority(ids, self._seed)
+            keep = np.argpartition(priority, self.capacity - 1)[: self.capacity]
+            values, ids = values[keep], ids[keep]
+            self._threshold = int(priority[keep].max())
+        self._values, self._ids, self._num_kept = [values], [ids], len(values)
 
     def values(self) -> np.ndarray:
-        """Every value added (in order) or, past ``capacity``, the sample."""
-        if self._kept is not None:
-            return self._kept
-        if len(self._parts) != 1:
-            self._parts = [np.concatenate(self._parts) if self._parts else np.zeros(0)]
-        return self._parts[0]
+        """Every value added or, past ``capacity``, the sample: in the order of their ids."""
+        self._trim()
+        values, ids = self._values[0], self._ids[0]
+        order = np.argsort(ids, kind="stable")
+        self._values, self._ids = [values[order]], [ids[order]]
+        return self._values[0]
 
     def distribution(self) -> Distribution:
         """``{mean, p50, p90, p99}`` (None when empty): exact up to ``capacity`` values;
-        past it the percentiles are the sample's and the mean is every value's."""
+        past it the percentiles are the sample's. The mean is every value's, always."""
         out = distribution(self.values())
-        if self._kept is not None:
-            out["mean"] = self._total / self.count
+        if self.count:
+            out["mean"] = self._sum.mean(self.count)
         return out
 
 
@@ -129,6 +178,7 @@ class ResidencyCollector:
         self._num_history = np.zeros(num_blocks, dtype=np.int64)
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._num_pending = 0
+        self._num_rows = 0  # rows added: a row's index names the life it ends
         self.lifetime = SampleReservoir(capacity)
         self.idle = SampleReservoir(capacity)
         self.reuse_gap = SampleReservoir(capacity)
@@ -167,9 +217,10 @@ class ResidencyCollector:
         t = np.concatenate(parts[0]).astype(np.float64, copy=False)
         b = np.concatenate(parts[1]).astype(np.int64, copy=False)
         pop = np.concatenate(parts[2]).astype(bool, copy=False)
-        self._fold_rows(t, b, pop)
+        self._fold_rows(t, b, pop, self._num_rows)
+        self._num_rows += len(b)
 
-    def _fold_rows(self, t: np.ndarray, b: np.ndarray, pop: np.ndarray) -> None:
+    def _fold_rows(self, t: np.ndarray, b: np.ndarray, pop: np.ndarray, first_row: int) -> None:
         order = stable_order(b, self.num_blocks)  # each block's rows together, in time order
         t, b, pop = t[order], b[order], pop[order]
         n = len(b)
@@ -189,6 +240,8 @@ class ResidencyCollector:
         real = np.repeat(g_start + carried - starts, sizes) + np.arange(n)
         rt[real] = t
         rpop[real] = pop
+        row = np.full(m, -1, dtype=np.int64)  # each real row's index among all rows added
+        row[real] = first_row + order
         opened = np.flatnonzero(open_life)
         rt[g_start[opened]] = self._birth[blocks[opened]]
         rpop[g_start[opened]] = True
@@ -210,8 +263,9 @@ class ResidencyCollector:
         prev_life[first] = -1
         evicts = np.flatnonzero(rpop & (prev_life >= 0))  # pops ending an earlier life
         life = prev_life[evicts]
-        self.lifetime.add(rt[evicts] - rt[life])
-        self.idle.add(rt[evicts] - rt[evicts - 1])  # the row before: last access, or the pop
+        ends = row[evicts]  # a life's id: the row that ended it
+        self.lifetime.add(rt[evicts] - rt[life], ends)
+        self.idle.add(rt[evicts] - rt[evicts - 1], ends)  # the row before: last access, or pop
         # Reuse gaps: between consecutive accesses of the ending life, its last
         # ACCESS_HISTORY: on the rows from life + 2 (its second hit) or
         # evicts - (ACCESS_HISTORY - 1), whichever is later, to evicts - 1.
@@ -220,7 +274,8 @@ class ResidencyCollector:
         gap_start = np.cumsum(num_gaps) - num_gaps  # each life's first gap, in the output
         offset = np.arange(int(num_gaps.sum())) - np.repeat(gap_start, num_gaps)
         gap_row = np.repeat(gap_from, num_gaps) + offset
-        self.reuse_gap.add(rt[gap_row] - rt[gap_row - 1])
+        gap_ids = np.repeat(ends, num_gaps) * ACCESS_HISTORY + offset
+        self.reuse_gap.add(rt[gap_row] - rt[gap_row - 1], gap_ids)
         # Carry each block's last life: its start and its last accesses.
         g_end = g_start + total - 1
         last_life = life_start[g_end]

@@ -5,12 +5,18 @@ reservoir that is exact up to its capacity and a seeded uniform sample past it."
 from __future__ import annotations
 
 from collections import deque
+from fractions import Fraction
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.analysis.residency import ACCESS_HISTORY, ResidencyCollector, SampleReservoir
+from kvsim.analysis.residency import (
+    ACCESS_HISTORY,
+    ExactSum,
+    ResidencyCollector,
+    SampleReservoir,
+)
 
 NUM_BLOCKS = 2
 
@@ -95,34 +101,76 @@ def test_a_long_lived_block_reports_its_last_four_accesses() -> None:
 
 def test_reservoir_keeps_everything_up_to_its_capacity() -> None:
     reservoir = SampleReservoir(capacity=10)
-    reservoir.add(np.arange(4.0))
-    reservoir.add(np.arange(4.0, 10.0))
-    assert reservoir.values().tolist() == list(np.arange(10.0))
+    reservoir.add(np.arange(4.0, 10.0), np.arange(4, 10))
+    reservoir.add(np.arange(4.0), np.arange(4))
+    assert reservoir.values().tolist() == list(np.arange(10.0))  # in the order of their ids
     got = reservoir.distribution()
     values = np.arange(10.0)
     assert got["mean"] == values.mean()
     assert got["p50"] == np.percentile(values, 50) and got["p99"] == np.percentile(values, 99)
 
 
-def test_reservoir_past_its_capacity_is_a_seeded_uniform_sample() -> None:
-    def fill() -> SampleReservoir:
-        reservoir = SampleReservoir(capacity=20_000)
-        rng = np.random.default_rng(7)
-        for _ in range(50):  # 500,000 values in uneven batches
-            reservoir.add(rng.uniform(0.0, 100.0, size=int(rng.integers(1, 20_000))))
-        return reservoir
+def fill(capacity: int, values: np.ndarray, cuts: np.ndarray, order: np.ndarray) -> SampleReservoir:
+    reservoir = SampleReservoir(capacity=capacity)
+    for part in np.split(order, cuts):
+        reservoir.add(values[part], part)
+    return reservoir
 
-    a, b = fill(), fill()
-    assert a.count > 20_000 * 10
+
+def test_reservoir_past_its_capacity_is_a_uniform_sample_whatever_the_batches() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.uniform(0.0, 100.0, size=500_000)
+    a = fill(20_000, values, np.sort(rng.integers(0, 500_000, 60)), np.arange(500_000))
+    # the same values in another order and other batches: the same sample, the same summary
+    b = fill(20_000, values, np.sort(rng.integers(0, 500_000, 7)), rng.permutation(500_000))
+    assert a.count == b.count == 500_000
     kept = a.values()
     assert len(kept) == 20_000
-    np.testing.assert_array_equal(kept, b.values())  # the same run, the same sample
+    np.testing.assert_array_equal(kept, b.values())
+    assert a.distribution() == b.distribution()
     got = a.distribution()
     # the mean is every value's; a uniform sample's percentiles are near the population's
-    assert abs(got["mean"] - 50.0) < 0.5
-    assert abs(got["p50"] - 50.0) < 2.0 and abs(got["p90"] - 90.0) < 2.0
-    # the late values are kept as often as the early ones (not just the first 20,000)
+    assert got["mean"] == float(sum(Fraction(v) for v in values) / len(values))
+    p50, p90 = got["p50"], got["p90"]
+    assert p50 is not None and p90 is not None
+    assert abs(p50 - 50.0) < 2.0 and abs(p90 - 90.0) < 2.0
+    # the late values are kept as often as the early ones (not just the first 1,000)
     c = SampleReservoir(capacity=1_000)
-    c.add(np.zeros(50_000))
-    c.add(np.ones(50_000))
+    c.add(np.zeros(50_000), np.arange(50_000))
+    c.add(np.ones(50_000), np.arange(50_000, 100_000))
     assert 400 < int(c.values().sum()) < 600
+
+
+@given(
+    st.lists(
+        st.floats(-1e12, 1e12, allow_nan=False) | st.floats(-1e-9, 1e-9, allow_nan=False),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 60),
+)
+def test_exact_sum_is_the_exactly_rounded_mean_in_any_batches(
+    values: list[float], cut: int
+) -> None:
+    total = ExactSum()
+    total.add(np.array(values[:cut]))
+    total.add(np.array(values[cut:]))
+    assert total.mean(len(values)) == float(sum(map(Fraction, values)) / len(values))
+
+
+def test_collector_summaries_do_not_depend_on_the_batches() -> None:
+    """Past the reservoir's capacity too: the samples and means are the same whatever the
+    batch size (the recorder's chunks decide the batches; a change there changes nothing)."""
+    rng = np.random.default_rng(3)
+    n = 30_000
+    t = np.cumsum(rng.exponential(1.0, n))
+    blocks = rng.integers(0, 50, n)
+    pops = rng.random(n) < 0.4
+    results = []
+    for batch_rows in (1, 777, 4096, n):
+        collector = ResidencyCollector(50, capacity=500, batch_rows=batch_rows)
+        for part in np.array_split(np.arange(n), 97):
+            collector.add(t[part], blocks[part], pops[part])
+        results.append(collector.distributions())
+        assert collector.lifetime.count > 500 and collector.reuse_gap.count > 500
+    assert all(r == results[0] for r in results)
