@@ -149,7 +149,8 @@ class LazyV1Scheduler(V1Scheduler):
 
     def _decode_pass(self, needing: list[Sequence], filling: list[Sequence]) -> None:
         """The running pass of a step where every running sequence decodes: ``needing``
-        take a block, ``filling`` cache the block their token fills (block size > 1)."""
+        take a block, ``filling`` cache the block their token fills (at block size 1 the same
+        list: each takes a block and fills it)."""
         bm = self.block_manager
         if bm.event_sink is not None and len(needing) + len(filling) == 1:
             # one block: the batch's fixed costs would outweigh its savings
