@@ -111,8 +111,7 @@ class DecodeBlocksMixin:
         elif filling is needing:  # block size 1: each takes a block and fills it, in order
             visits = [(0, c, s) for s in needing for c in (0, 1)]
         else:
-            # (running position, take 0 / cache 1, seq): one sort of int-led tuples; a block
-            # size of 1 has a sequence take a block and fill it in one step, take first
+            # (running position, take 0 / cache 1, seq): one sort of int-led tuples
             visits = sorted(
                 [(order[s.seq_id], 0, s) for s in needing]
                 + [(order[s.seq_id], 1, s) for s in filling]

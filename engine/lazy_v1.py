@@ -188,10 +188,8 @@ class LazyV1Scheduler(V1Scheduler):
         needing = self._buckets[-d % bs]
         filling = self._buckets[(-d - 1) % bs] if caching and bs > 1 else []
         if not self._nonlazy:
-            if caching and bs == 1:  # the token fills the block it took
-                self._decode_pass(needing, needing)
-                return
-            self._decode_pass(needing, filling)
+            # at block size 1 the token fills the block it took
+            self._decode_pass(needing, needing if caching and bs == 1 else filling)
             return
         active, chunk_of, needs = self._visits(needing, filling, chunks)
         max_len = self.config.max_model_len

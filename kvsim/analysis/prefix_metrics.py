@@ -132,8 +132,7 @@ def prefix_cache_summary(
     preempted_queries = int(adm.num_tokens[adm.resumed].sum()) if caching else 0
     preempted_hits = int(adm.hit_tokens[adm.resumed].sum())
     recomputed = int((adm.num_tokens - adm.hit_tokens)[adm.resumed].sum())
-    empty = distribution(np.zeros(0))
-    residency = (empty, empty, empty)
+    residency = tuple(distribution(np.zeros(0)) for _ in range(3))
     if caching and block_states is not None:
         residency = block_states.residency.distributions()
     return {

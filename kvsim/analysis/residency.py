@@ -68,7 +68,7 @@ def _priority(ids: np.ndarray, seed: int) -> np.ndarray:
 
 
 class ExactSum:
-    """The exact sum of float64 values, however they are batched: each value is split into
+    """The exact sum of finite float64 values, however they are batched: each value is split into
     integer mantissa halves per binary exponent, summed as integers, so the mean is the
     correctly rounded mean of every value (a float sum's last bits depend on its order)."""
 

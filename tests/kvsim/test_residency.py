@@ -8,6 +8,7 @@ from collections import deque
 from fractions import Fraction
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from kvsim.analysis.residency import (
     ExactSum,
     ResidencyCollector,
     SampleReservoir,
+    stable_order,
 )
 
 NUM_BLOCKS = 2
@@ -174,3 +176,9 @@ def test_collector_summaries_do_not_depend_on_the_batches() -> None:
         results.append(collector.distributions())
         assert collector.lifetime.count > 500 and collector.reuse_gap.count > 500
     assert all(r == results[0] for r in results)
+
+
+@pytest.mark.parametrize("bound", [1, 7_515, 1 << 16, (1 << 16) + 1, 1 << 32, 1 << 40])
+def test_stable_order_is_numpys_stable_argsort(bound: int) -> None:
+    keys = np.random.default_rng(bound % 1000).integers(0, bound, 5_000)
+    np.testing.assert_array_equal(stable_order(keys, bound), np.argsort(keys, kind="stable"))

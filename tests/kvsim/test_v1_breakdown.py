@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from engine import EventKind
 from kvsim.analysis.block_states import BlockStateTracker
-from kvsim.analysis.residency import stable_order
 from kvsim.config import RunConfig
 from kvsim.runner import RunResult, run
 
@@ -347,12 +346,6 @@ def test_the_simulation_counts_the_cached_blocks_the_events_give(
         light.cached_blocks_at_steps(1)
     with pytest.raises(ValueError, match="transitions"):
         BlockStateTracker(4, keep_transitions=True, track_states=False)
-
-
-@pytest.mark.parametrize("bound", [1, 7_515, 1 << 16, (1 << 16) + 1, 1 << 32, 1 << 40])
-def test_stable_order_is_numpys_stable_argsort(bound: int) -> None:
-    keys = np.random.default_rng(bound % 1000).integers(0, bound, 5_000)
-    np.testing.assert_array_equal(stable_order(keys, bound), np.argsort(keys, kind="stable"))
 
 
 def test_a_block_cached_after_keyless_chunks_keeps_its_reference_count() -> None:
