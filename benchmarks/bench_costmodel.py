@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import SamplingParams, SchedulerOutput, Sequence, StepKind
-from engine.fast_v1 import FastV1Output
+from engine.fast.fast_v1 import FastV1Output
 from kvsim.costmodel import BatchShape, CostModel, resolve_gpu, resolve_model
 from kvsim.sim.executor import CostModelExecutor
 

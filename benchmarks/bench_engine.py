@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.llm_engine import LLMEngine
-from engine.models.config import PRESETS
-from engine.sequence import SamplingParams
+from engine.core.sequence import SamplingParams
+from engine.torch_engine.llm_engine import LLMEngine
+from engine.torch_engine.models.config import PRESETS
 
 Workload = list[tuple[list[int], int]]  # (prompt token ids, output tokens) per request
 

@@ -5,8 +5,8 @@ a prefill chunk over `context - chunk` cached tokens, as vLLM v1 schedules it), 
 shapes on every side. The dense side reads K/V stored contiguously as [batch, kv_heads,
 context, head_dim] (the best case for torch's SDPA; bottom-right causal for a chunk), the paged
 sides read them from a pool of shuffled physical blocks through both backends: "torch" (gather,
-then SDPA) and "cpu_kernel" (engine/cpu_decode.py's C kernel, the engine's choice on CPU in
-float32; skipped where it is unavailable).
+then SDPA) and "cpu_kernel" (engine/torch_engine/cpu_decode.py's C kernel, the engine's choice on
+CPU in float32; skipped where it is unavailable).
 The sides are timed in turns, so machine noise hits them alike. Prints the median time per call
 and the ratios paged / dense (target <= 1.5 for the backend the engine uses).
 
@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from engine.attention import (
+from engine.torch_engine.attention import (
     AttentionMetadata,
     DecodeBackend,
     GatherWorkspace,
     build_attention_metadata,
     prefill_attention,
 )
-from engine.cpu_decode import load_cpu_decode
-from engine.loader import resolve_dtype
+from engine.torch_engine.cpu_decode import load_cpu_decode
+from engine.torch_engine.loader import resolve_dtype
 
 
 def _median_seconds(

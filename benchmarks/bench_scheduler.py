@@ -44,9 +44,9 @@ from engine import (
     SchedulerConfig,
     Sequence,
     StepKind,
+    make_scheduler,
 )
-from engine.fast_decode import FastDecodeScheduler
-from engine.prefix_keys import UNIQUE_PREFIX, PrefixSource, prefix_from_hash_ids
+from engine.v1.prefix_keys import UNIQUE_PREFIX, PrefixSource, prefix_from_hash_ids
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "workloads" / "traces"
@@ -75,7 +75,7 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_synthetic(
-    requests: list[tuple[int, int]], record_events: bool, scheduler_class: type, v1: bool,
+    requests: list[tuple[int, int]], record_events: bool, fast: bool, v1: bool,
     caching: bool, cache_events: bool = True,
 ) -> dict[str, float]:  # fmt: skip
     recorder = EventRecorder(prefix_cache_events=cache_events) if record_events else None
@@ -83,7 +83,7 @@ def run_synthetic(
     config = SchedulerConfig(
         max_num_seqs=256, max_num_batched_tokens=8192, scheduler="v1" if v1 else "classic"
     )
-    sched = scheduler_class(config, bm)
+    sched = make_scheduler(config, bm, fast=fast)
     for i, (prompt, output) in enumerate(requests):
         params = SamplingParams(max_tokens=output, ignore_eos=True)
         sched.add_request(Sequence(i, range(prompt), params, prefix=UNIQUE_PREFIX))
@@ -110,15 +110,15 @@ def run_synthetic(
 def section_synthetic(args: argparse.Namespace) -> None:
     print(f"== synthetic: {args.requests:,} requests queued at t=0 ==")
     requests = make_requests(args.requests, args.seed)
-    variants: dict[str, tuple[bool, type, bool, bool, bool]] = {
-        "classic Scheduler, events off": (False, Scheduler, False, False, True),
-        "classic Scheduler, events on": (True, Scheduler, False, False, True),
-        "classic FastDecode, events on": (True, FastDecodeScheduler, False, False, True),
-        "v1 Scheduler, events on": (True, Scheduler, True, False, True),
-        "v1 Scheduler + caching, events on": (True, Scheduler, True, True, True),
-        "v1 Fast, events on": (True, FastDecodeScheduler, True, False, True),
-        "v1 Fast + caching, events on": (True, FastDecodeScheduler, True, True, True),
-        "v1 Fast + caching, no cache events": (True, FastDecodeScheduler, True, True, False),
+    variants: dict[str, tuple[bool, bool, bool, bool, bool]] = {
+        "classic Scheduler, events off": (False, False, False, False, True),
+        "classic Scheduler, events on": (True, False, False, False, True),
+        "classic FastDecode, events on": (True, True, False, False, True),
+        "v1 Scheduler, events on": (True, False, True, False, True),
+        "v1 Scheduler + caching, events on": (True, False, True, True, True),
+        "v1 Fast, events on": (True, True, True, False, True),
+        "v1 Fast + caching, events on": (True, True, True, True, True),
+        "v1 Fast + caching, no cache events": (True, True, True, True, False),
     }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for _ in range(args.repeats):
@@ -209,7 +209,7 @@ def v1_scheduler(num_blocks: int, max_model_len: int, fast: bool, caching: bool 
         max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=max_model_len,
         scheduler="v1",
     )  # fmt: skip
-    return (FastDecodeScheduler if fast else Scheduler)(config, bm)
+    return make_scheduler(config, bm, fast=fast)
 
 
 def run_reference(trace: Path, options: list[str]) -> dict[str, Any] | None:
@@ -342,14 +342,14 @@ def section_azure(args: argparse.Namespace) -> None:
             max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=max_len
         )
         bm = BlockManager(num_blocks, 16)
-        return (FastDecodeScheduler if fast else Scheduler)(config, bm)
+        return make_scheduler(config, bm, fast=fast)
 
     def v1(fast: bool, caching: bool) -> Scheduler:
         config = SchedulerConfig(
             max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=max_len, scheduler="v1"
         )
         bm = BlockManager(num_blocks, 16, enable_prefix_caching=caching)
-        return (FastDecodeScheduler if fast else Scheduler)(config, bm)
+        return make_scheduler(config, bm, fast=fast)
 
     variants: dict[str, Callable[[], dict[str, float]]] = {
         "classic FastDecode, multi-step": lambda: clock_loop(classic(True), rows, True),

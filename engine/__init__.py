@@ -7,24 +7,23 @@ imported on first use.
 
 from typing import Any
 
-from engine.block_manager import BlockManager, Slot, blocks_needed
-from engine.buddy import BuddyAllocator
-from engine.contiguous import ContiguousAllocator, ReservationError
-from engine.errors import (
+from engine.contiguous.allocator import ContiguousAllocator, ReservationError
+from engine.contiguous.buddy import BuddyAllocator
+from engine.core.block_manager import BlockManager, Slot, blocks_needed
+from engine.core.errors import (
     DoubleFreeError,
     EngineError,
     InvariantError,
     OutOfBlocksError,
     SchedulerError,
 )
-from engine.events import EventKind, EventRecorder, EventSink, StepKind
-from engine.scheduler import Scheduler
-from engine.scheduler_output import SchedulerConfig, SchedulerOutput
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
-from engine.v1_scheduler import V1Scheduler  # registers itself as Scheduler's v1 counterpart
-
-# isort: split
-from engine.fast_v1 import FastV1Scheduler  # registers itself as FastDecodeScheduler's
+from engine.core.events import EventKind, EventRecorder, EventSink, StepKind
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerConfig, SchedulerOutput
+from engine.core.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.factory import make_scheduler, scheduler_class
+from engine.fast.fast_v1 import FastV1Scheduler
+from engine.v1.scheduler import V1Scheduler
 
 __all__ = [
     "BlockManager",
@@ -50,6 +49,8 @@ __all__ = [
     "StepKind",
     "V1Scheduler",
     "blocks_needed",
+    "make_scheduler",
+    "scheduler_class",
 ]
 
 # Not in __all__: a star import must not pull in torch.
@@ -58,7 +59,7 @@ _TORCH_EXPORTS = {"LLMEngine", "RequestOutput"}
 
 def __getattr__(name: str) -> Any:
     if name in _TORCH_EXPORTS:
-        from engine import llm_engine
+        from engine.torch_engine import llm_engine
 
         return getattr(llm_engine, name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

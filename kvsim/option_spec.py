@@ -57,11 +57,11 @@ def option(default: Any, **spec: Any) -> Any:
 # --- declarative checks: each takes the field's name and its value (of the right type) ------
 
 Check = Callable[[str, Any], None]
-# FastDecodeScheduler keeps one list per token of a block (engine/fast_decode.py): a block size
+# FastDecodeScheduler keeps one list per token of a block (engine/fast/decode.py): a block size
 # of 1e8 would take gigabytes before the first step. No model has contexts this long.
 MAX_BLOCK_SIZE = 65_536
 MAX_SEED = 2**63 - 1  # numpy and torch take seeds below 2**64
-MAX_TOKENS = 2**31 - 1  # token counts are int32 in the event stream (engine/events.py)
+MAX_TOKENS = 2**31 - 1  # token counts are int32 in the event stream (engine/core/events.py)
 # The BlockManager keeps a few Python objects per block (free list, owners, ref counts): 2^24
 # blocks already take about a GiB; planned pools of real GPUs are far smaller.
 MAX_NUM_BLOCKS = 2**24

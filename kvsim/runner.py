@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine import Scheduler, SchedulerConfig
-from engine.events import ChunkCallback, Columns
-from engine.fast_decode import FastDecodeScheduler
-from engine.prefix_keys import PrefixSource, prefix_from_hash_ids
+from engine import Scheduler, SchedulerConfig, make_scheduler
+from engine.core.events import ChunkCallback, Columns
+from engine.v1.prefix_keys import PrefixSource, prefix_from_hash_ids
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
@@ -298,15 +297,13 @@ def simulate(
     if scheduler is None:
         if limits is None:
             limits = scheduling_limits(config, resolve_gpu(config.gpu))
-        scheduler_class = (
-            FastDecodeScheduler if config.fast_decode and placeholder_tokens else Scheduler
-        )
-        scheduler = scheduler_class(
+        scheduler = make_scheduler(
             scheduler_config(config, limits, max_model_len),
             build_allocator(
                 config.allocator, num_blocks, config.block_size, limits.watermark, max_model_len,
                 enable_prefix_caching=config.caches_prefixes(),
             ),
+            fast=config.fast_decode and placeholder_tokens,
         )  # fmt: skip
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():

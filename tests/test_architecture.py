@@ -33,6 +33,40 @@ KVSIM_LAYERS = (
     ("kvsim.atomic", "kvsim.errors"),
 )
 
+# engine's layers, top to bottom, the same way (docs/architecture.md, "The engine"). The torch
+# engine sits on everything; the factory on every scheduler; the fast variants on the readable
+# schedulers they must agree with; the BlockManager on v1's block-pool halves it mixes in; and
+# sequences, events and errors at the bottom, beside the prefix-cache keys a Sequence carries
+# and the compiled core, which imports nothing of the engine's Python.
+ENGINE_LAYERS = (
+    ("engine.torch_engine",),
+    ("engine.factory",),
+    ("engine.fast",),
+    ("engine.v1.scheduler",),
+    ("engine.core.scheduler", "engine.contiguous"),
+    ("engine.core.block_manager",),
+    (
+        "engine.v1.kv_cache_manager",
+        "engine.v1.decode_blocks",
+        "engine.v1.prefix_cache",
+        "engine.v1.request_queue",
+    ),
+    (
+        "engine.core.sequence",
+        "engine.core.scheduler_output",
+        "engine.core.invariants",
+        "engine.core.events",
+        "engine.core.event_rows",
+        "engine.core.event_kinds",
+        "engine.core.errors",
+    ),
+    ("engine.v1.prefix_keys", "engine.compiled"),
+)
+
+# The one import allowed to go up (and to close a circle): Scheduler(config) with a v1 config,
+# written before engine.factory existed, asks the factory for the v1 class inside __new__.
+EXEMPT_IMPORTS = {("engine.core.scheduler", "engine.factory")}
+
 
 def module_files() -> dict[str, Path]:
     files = {}
@@ -78,6 +112,8 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in files.items():
         if path.name == "__init__.py":  # re-exports of the package's own modules
             graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    for module, target in EXEMPT_IMPORTS:
+        graph[module].discard(target)
     return graph
 
 
@@ -123,8 +159,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def layer_of(module: str) -> int | None:
-    for rank, layer in enumerate(KVSIM_LAYERS):
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = KVSIM_LAYERS) -> int | None:
+    for rank, layer in enumerate(layers):
         if any(module == top or module.startswith(top + ".") for top in layer):
             return rank
     return None
@@ -156,6 +192,56 @@ def test_kvsim_imports_only_go_down_its_layers() -> None:
 def test_every_kvsim_module_belongs_to_a_layer() -> None:
     unplaced = [m for m in module_files() if m.startswith("kvsim.") and layer_of(m) is None]
     assert unplaced == []
+
+
+def test_engine_imports_only_go_down_its_layers() -> None:
+    graph = import_graph()
+    upward = []
+    for module, targets in graph.items():
+        rank = layer_of(module, ENGINE_LAYERS)
+        if rank is None:
+            continue
+        for target in targets:
+            target_rank = layer_of(target, ENGINE_LAYERS)
+            if target_rank is not None and target_rank < rank:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_every_engine_module_belongs_to_a_layer() -> None:
+    # subpackage __init__ files hold only docstrings (and engine's own re-exports)
+    packages = {"engine", "engine.core", "engine.v1", "engine.fast", "engine.contiguous"}
+    unplaced = [
+        m
+        for m in module_files()
+        if m.startswith("engine.") and m not in packages
+        and layer_of(m, ENGINE_LAYERS) is None
+    ]  # fmt: skip
+    assert unplaced == []
+
+
+def test_the_exempt_import_is_still_the_only_way_up() -> None:
+    """The exemption names a real import: if engine.core.scheduler stops asking the factory,
+    EXEMPT_IMPORTS must shrink with it (an unused exemption would hide a new one)."""
+    files = module_files()
+    for module, target in EXEMPT_IMPORTS:
+        assert target in imported_modules(module, files[module], set(files))
+
+
+def test_the_block_manager_and_schedulers_import_no_torch() -> None:
+    """Cost mode must never pay torch's import: nothing outside engine.torch_engine imports it."""
+    offenders = []
+    for module, path in module_files().items():
+        if module.startswith("engine") and not module.startswith("engine.torch_engine"):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                names = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                )  # fmt: skip
+                if any(n == "torch" or n.startswith("torch.") for n in names):
+                    offenders.append(module)
+    assert offenders == []
 
 
 def test_engine_and_workloads_import_nothing_of_kvsim_or_each_other() -> None:

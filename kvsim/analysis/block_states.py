@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine import EventKind
-from engine.events import Columns
+from engine.core.events import Columns
 from kvsim.analysis.residency import ResidencyCollector, stable_order
 
 _POP_KINDS = (EventKind.ALLOCATE, EventKind.APPEND_BLOCK)

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine import EventKind
-from engine.events import EVENT_COLUMNS, EVENT_DTYPES, Columns, EventRecorder
+from engine.core.events import EVENT_COLUMNS, EVENT_DTYPES, Columns, EventRecorder
 from kvsim.analysis.table import dictionary_array, numeric_array
 from kvsim.errors import KvsimError
 
@@ -42,7 +42,7 @@ METRIC_KINDS = (
 )
 
 
-# Events whose blocks carry their prefix-cache keys (block_hash; engine/events.py).
+# Events whose blocks carry their prefix-cache keys (block_hash; engine/core/events.py).
 HASHED_KINDS = (EventKind.CACHE, EventKind.EVICT)
 
 

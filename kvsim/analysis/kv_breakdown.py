@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from engine import EventKind
-from engine.buddy import BuddyAllocator, order_of
-from engine.contiguous import POLICIES, Policy, reservation_tokens
-from engine.events import Columns
+from engine.contiguous.allocator import POLICIES, Policy, reservation_tokens
+from engine.contiguous.buddy import BuddyAllocator, order_of
+from engine.core.events import Columns
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.table import Table, TableLike, column
 from kvsim.sim.simulation import SimResult

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engine import EventKind
-from engine.events import Columns
+from engine.core.events import Columns
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.load import distribution
 

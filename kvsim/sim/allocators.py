@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import cast
 
 from engine import BlockManager, Scheduler, SchedulerOutput
-from engine.contiguous import POLICIES, ContiguousAllocator
+from engine.contiguous.allocator import POLICIES, ContiguousAllocator
 from kvsim.config import ALLOCATORS
 from kvsim.sim.executor import CostModelExecutor
 

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLMEngine, SamplingParams
-from engine.attention import build_attention_metadata, paged_attention
-from engine.models.config import ModelConfig, preset_config
-from engine.models.layers import RotaryEmbedding, apply_rotary
-from engine.models.llama import LlamaDecoderLayer
+from engine.torch_engine.attention import build_attention_metadata, paged_attention
+from engine.torch_engine.models.config import ModelConfig, preset_config
+from engine.torch_engine.models.layers import RotaryEmbedding, apply_rotary
+from engine.torch_engine.models.llama import LlamaDecoderLayer
 from kvsim.atomic import FolderKind, check_target, output_folder
 from kvsim.costmodel.layer_shapes import LINEAR_OPS
 from kvsim.costmodel.profiles import PROFILE_META_FORMAT

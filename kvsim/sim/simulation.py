@@ -8,7 +8,7 @@
 The simulator drives the engine's own Scheduler and BlockManager; it keeps no copy of their
 logic and no mirror of KV memory. An idle engine sleeps until the next arrival.
 
-Speed: in cost mode the scheduler is a FastDecodeScheduler (engine/fast_decode.py), whose
+Speed: in cost mode the scheduler is a FastDecodeScheduler (engine/fast/decode.py), whose
 decode steps cost O(allocations + finishes) instead of O(running sequences); its event stream
 is identical to the plain Scheduler's (tests check this).
 """
@@ -29,12 +29,12 @@ import numpy as np
 import simpy
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Sequence
-from engine.events import ChunkCallback, EventKind, StepKind
-from engine.fast_decode import FastDecodeScheduler
-from engine.fast_v1 import FastV1Scheduler
-from engine.prefix_keys import PrefixSource
-from engine.scheduler_output import SchedulerOutput
-from engine.sequence import SequenceStatus
+from engine.core.events import ChunkCallback, EventKind, StepKind
+from engine.core.scheduler_output import SchedulerOutput
+from engine.core.sequence import SequenceStatus
+from engine.fast.decode import FastDecodeScheduler
+from engine.fast.fast_v1 import FastV1Scheduler
+from engine.v1.prefix_keys import PrefixSource
 from kvsim.sim.executor import Executor
 from kvsim.sim.gc_passes import fewer_gc_passes
 from workloads import Request, closed_loop
@@ -49,7 +49,7 @@ DECODE = StepKind.DECODE
 
 def prefill_tokens(out: SchedulerOutput) -> int:
     """Tokens of ``out`` that prefill: all but those of sequences computing only their last
-    token (engine.scheduler_output.step_kind's decodes). A fast v1 step lists its
+    token (engine.core.scheduler_output.step_kind's decodes). A fast v1 step lists its
     non-decoders in ``exact_seqs``; read it before ``update()``."""
     if out.kind is StepKind.PREFILL:
         return out.num_batched_tokens

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from engine import SamplingParams, Scheduler, SchedulerConfig, SchedulerOutput, Sequence, StepKind
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 from kvsim.costmodel import BatchShape, CostModel, resolve_gpu, resolve_model
 from kvsim.sim.allocators import ContiguousCostExecutor
 from kvsim.sim.executor import CostModelExecutor, step_shape
@@ -33,7 +33,7 @@ class UsedBlocks:
 
 
 class V1Scheduler:
-    """What the executor reads of a v1 scheduler (engine/v1_scheduler.py): a v1 step walks
+    """What the executor reads of a v1 scheduler (engine/v1/scheduler.py): a v1 step walks
     every used block, counted once (the pool's counter)."""
 
     is_v1 = True

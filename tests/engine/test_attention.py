@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from engine.attention import DecodeBackend, build_attention_metadata, paged_attention
-from engine.kv_cache import KVCache, bytes_per_block, write_kv
+from engine.torch_engine.attention import DecodeBackend, build_attention_metadata, paged_attention
+from engine.torch_engine.kv_cache import KVCache, bytes_per_block, write_kv
 
 DEVICE = os.environ.get("KVSIM_TEST_DEVICE", "cpu")
 HEADS, HEAD_DIM = 8, 16

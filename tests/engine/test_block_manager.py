@@ -215,12 +215,12 @@ def test_the_free_queue_is_fifo_across_compactions(ops):
     caching=st.booleans(),
 )
 def test_the_v1_free_queue_keeps_vllms_order_across_compactions(ops, caching):
-    # vLLM's free queue (engine/kv_cache_manager.py) as a list read from a head index, with
+    # vLLM's free queue (engine/v1/kv_cache_manager.py) as a list read from a head index, with
     # blocks put at the front into the room before it (rebuilt when there is none), hit
     # blocks leaving from the middle, and compaction past 4,096 taken blocks; a deque is the
     # model: takes from the left, a freed table reversed, its uncached blocks to the left as
     # a group and its cached ones to the right.
-    from engine.prefix_keys import prefix_from_hash_ids
+    from engine.v1.prefix_keys import prefix_from_hash_ids
 
     bm = BlockManager(num_blocks=9000, block_size=1, enable_prefix_caching=caching)
     bm.use_v1_free_queue()

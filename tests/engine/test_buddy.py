@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.buddy import BuddyAllocator, order_of
-from engine.errors import DoubleFreeError, OutOfBlocksError
+from engine.contiguous.buddy import BuddyAllocator, order_of
+from engine.core.errors import DoubleFreeError, OutOfBlocksError
 
 
 def test_order_of_rounds_up_to_a_power_of_two() -> None:

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine import EventKind, EventRecorder, SamplingParams, Scheduler, SchedulerConfig, Sequence
-from engine.contiguous import ContiguousAllocator, ReservationError, reservation_tokens
-from engine.fast_decode import FastDecodeScheduler
+from engine.contiguous.allocator import ContiguousAllocator, ReservationError, reservation_tokens
+from engine.fast.decode import FastDecodeScheduler
 from tests.engine.conftest import run_to_completion
 
 

@@ -1,4 +1,4 @@
-"""The C decode kernel (engine/cpu_decode.py, engine/csrc/paged_decode.c).
+"""The C decode kernel (engine/torch_engine/cpu_decode.py, engine/torch_engine/csrc/paged_decode.c).
 
 Checked against test_attention's loop-based float64 reference and against the torch path, over
 block sizes, GQA ratios, head sizes (the fixed-size copies 32/64/128 and the generic one) and
@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import engine.attention
-from engine.attention import build_attention_metadata, decode_attention
-from engine.cpu_decode import (
+import engine.torch_engine.attention
+from engine.torch_engine.attention import build_attention_metadata, decode_attention
+from engine.torch_engine.cpu_decode import (
     CpuDecodeKernel,
     CpuDecodeStatus,
     CpuKernelUnavailableError,
@@ -167,8 +167,8 @@ def test_kernel_refuses_bad_inputs(kernel: CpuDecodeKernel) -> None:
 
 
 def _metadata(
-    case: Case, backend: engine.attention.DecodeBackend
-) -> engine.attention.AttentionMetadata:
+    case: Case, backend: engine.torch_engine.attention.DecodeBackend
+) -> engine.torch_engine.attention.AttentionMetadata:
     _, key_cache, _, tables, lens = case
     block_size = key_cache.shape[1]
     return build_attention_metadata(
@@ -222,7 +222,7 @@ def test_backend_choice_falls_back_to_torch_and_says_why(monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match="expected 'auto', 'torch' or 'cpu_kernel'"):
         _metadata(case, "gpu")  # type: ignore[arg-type]
     missing = CpuDecodeStatus(None, "no C compiler found ($CC, cc, gcc or clang)")
-    monkeypatch.setattr(engine.attention, "load_cpu_decode", lambda: missing)
+    monkeypatch.setattr(engine.torch_engine.attention, "load_cpu_decode", lambda: missing)
     assert _metadata(case, "auto").decode_backend == "torch"
     with pytest.raises(CpuKernelUnavailableError, match="no C compiler found"):
         _metadata(case, "cpu_kernel")

@@ -14,7 +14,7 @@ from engine import (
     Sequence,
     StepKind,
 )
-from engine.fast_decode import FastDecodeScheduler
+from engine.fast.decode import FastDecodeScheduler
 
 op = st.one_of(
     # Short prompts in small pools: most requests fit, and growth keeps preempting.

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.events import EventKind, EventRecorder
-from engine.llm_engine import LLMEngine
-from engine.sequence import SamplingParams
+from engine.core.events import EventKind, EventRecorder
+from engine.core.sequence import SamplingParams
+from engine.torch_engine.llm_engine import LLMEngine
 from tests.engine.hf_llama import save_tiny_llama
 
 transformers = pytest.importorskip("transformers")

@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.loader import build_model, load_config, load_model
-from engine.models import ModelConfig, ModelConfigError
+from engine.torch_engine.loader import build_model, load_config, load_model
+from engine.torch_engine.models import ModelConfig, ModelConfigError
 
 SMALL: dict[str, Any] = {
     "model_type": "llama",

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from engine.attention import DecodeBackend, build_attention_metadata
-from engine.cpu_decode import CpuDecodeKernel, load_cpu_decode
+from engine.torch_engine.attention import DecodeBackend, build_attention_metadata
+from engine.torch_engine.cpu_decode import CpuDecodeKernel, load_cpu_decode
 from tests.engine.test_attention import _case, _reference
 
 BACKENDS: list[DecodeBackend] = ["torch", "auto"]

@@ -9,11 +9,16 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import build_attention_metadata
-from engine.kv_cache import KVCache
-from engine.loader import build_model, load_config, load_model
-from engine.models import LlamaForCausalLM, ModelConfig, ModelConfigError, preset_config
-from engine.models.layers import rope_inv_freq
+from engine.torch_engine.attention import build_attention_metadata
+from engine.torch_engine.kv_cache import KVCache
+from engine.torch_engine.loader import build_model, load_config, load_model
+from engine.torch_engine.models import (
+    LlamaForCausalLM,
+    ModelConfig,
+    ModelConfigError,
+    preset_config,
+)
+from engine.torch_engine.models.layers import rope_inv_freq
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, SchedulerConfig, Sequence
-from engine.prefix_cache import ensure_block_hashes
-from engine.prefix_keys import (
+from engine.v1.prefix_cache import ensure_block_hashes
+from engine.v1.prefix_keys import (
     UNIQUE_PREFIX,
     HashIdPrefix,
     prefix_from_hash_ids,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplingRow, default_request_seed, sample, token_seed
+from engine.torch_engine.sampling import SamplingRow, default_request_seed, sample, token_seed
 
 
 def test_greedy_rows_take_the_argmax() -> None:

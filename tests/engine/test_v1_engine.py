@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.events import EventKind, EventRecorder
-from engine.llm_engine import LLMEngine
-from engine.sequence import SamplingParams, Sequence
+from engine.core.events import EventKind, EventRecorder
+from engine.core.sequence import SamplingParams, Sequence
+from engine.torch_engine.llm_engine import LLMEngine
 from tests.engine.hf_llama import hf_generate, save_tiny_llama, shared_prefix_prompts
 
 transformers = pytest.importorskip("transformers")

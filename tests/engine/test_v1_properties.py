@@ -28,7 +28,7 @@ from engine import (
     Sequence,
     SequenceStatus,
 )
-from engine.fast_decode import FastDecodeScheduler
+from engine.fast.decode import FastDecodeScheduler
 
 
 def assert_same_outcomes(fast: list[Any], plain: list[Any]) -> None:
@@ -60,7 +60,7 @@ def test_fast_v1_matches_the_plain_v1_scheduler(
 @st.composite
 def pressure(draw: st.DrawFn) -> tuple[list[tuple[str, int, int, int, int]], dict[str, Any]]:
     """FCFS runs whose pool is short while several sequences run (FastV1Scheduler then
-    preempts in its own running pass, engine/fast_v1.py): a small pool, a burst of requests
+    preempts in its own running pass, engine/fast/fast_v1.py): a small pool, a burst of requests
     with long outputs, then steps and multi-step windows with a few more arrivals."""
     setup = draw(v1_setups())
     setup.update(
@@ -81,7 +81,7 @@ def pressure(draw: st.DrawFn) -> tuple[list[tuple[str, int, int, int, int]], dic
 
 # No chunked prefill: preempted seq 2 (17 tokens, a budget of 16) waits within the budget
 # only through its prefix hits, which the decoders' takes evict: the plain pass then rejects
-# it, so the fast scheduler must not hold it as blocked (engine/blocked_head.py)
+# it, so the fast scheduler must not hold it as blocked (engine/fast/blocked_head.py)
 REJECTED_ONCE_EVICTED = (
     [("add", 0, 1, 19, 0), ("add", 0, 1, 19, 0), ("add", 0, 5, 13, 0), ("add", 0, 1, 10, 0),
      ("run", 12, 0, 0, 0), *[("step", 1, 0, 0, 0)] * 4, ("run", 3, 0, 0, 0)],
@@ -108,7 +108,7 @@ def test_fast_v1_preempts_as_the_plain_running_pass_does(
 
 
 # One unique prompt at block size 4, decoding with no event sink: its fills are counted
-# only when it is brought up to date (engine/lazy_v1.py).
+# only when it is brought up to date (engine/fast/lazy_v1.py).
 UNIQUE_BS4 = {
     "num_blocks": 40, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 256,
     "threshold": 0, "policy": "fcfs", "caching": True, "chunked": True, "watermark": 0.0,

@@ -20,7 +20,7 @@ from engine import (
     StepKind,
     V1Scheduler,
 )
-from engine.fast_decode import FastDecodeScheduler
+from engine.fast.decode import FastDecodeScheduler
 
 
 def v1(num_blocks=64, block_size=4, caching=True, sink=None, watermark=0.0, **cfg):

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.events import StepKind
-from engine.kv_cache import KVCache
-from engine.loader import load_model
-from engine.model_runner import ModelRunner
-from engine.scheduler_output import SchedulerOutput
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.core.events import StepKind
+from engine.core.scheduler_output import SchedulerOutput
+from engine.core.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.torch_engine.kv_cache import KVCache
+from engine.torch_engine.loader import load_model
+from engine.torch_engine.model_runner import ModelRunner
 from tests.engine.hf_llama import hf_generate, save_tiny_llama, shared_prefix_prompts
 
 transformers = pytest.importorskip("transformers")

@@ -17,8 +17,8 @@ from engine import (
     Sequence,
     StepKind,
 )
-from engine.fast_decode import FastDecodeScheduler
-from engine.prefix_keys import UNIQUE_PREFIX, prefix_from_hash_ids
+from engine.fast.decode import FastDecodeScheduler
+from engine.v1.prefix_keys import UNIQUE_PREFIX, prefix_from_hash_ids
 
 # Prompts are built from a few shared segments, so prefixes are shared at every block size.
 SEGMENTS = [

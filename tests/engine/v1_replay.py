@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import BlockManager, SamplingParams, Scheduler, SchedulerConfig, Sequence
-from engine.events import EventSink
-from engine.prefix_keys import prefix_from_hash_ids
+from engine.core.events import EventSink
+from engine.v1.prefix_keys import prefix_from_hash_ids
 
 GOLDEN = Path(__file__).parent / "golden" / "v1"
 SAMPLED = 7  # the reference's sampled token

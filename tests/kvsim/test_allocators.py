@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from engine.buddy import order_of
+from engine.contiguous.buddy import order_of
 from kvsim.analysis.kv_breakdown import COLUMNS, SUMMARY_FIELDS
 from kvsim.cli import app
 from kvsim.config import RunConfig
@@ -188,7 +188,7 @@ def test_a_contiguous_run_is_charged_per_sequence_through_execute() -> None:
     # What the simulator calls each step: a decode step of a max-reservation run walks one
     # block-table entry per sequence, not one per reserved slot.
     from engine import SamplingParams, SchedulerConfig, Sequence
-    from engine.fast_decode import FastDecodeScheduler
+    from engine.fast.decode import FastDecodeScheduler
     from kvsim.sim.allocators import build_allocator
 
     cm = CostModel(resolve_model("llama-2-7b"), resolve_gpu("a100-80gb"))

@@ -82,8 +82,8 @@ def test_a_free_without_allocation_is_an_error() -> None:
 
 
 def test_a_contiguous_region_becomes_one_holding_per_slot() -> None:
-    # engine/contiguous.py: ALLOCATE and FREE name the region's first slot; its size is the
-    # drop in free slots (16 -> 12: slots 8-11).
+    # engine/contiguous/allocator.py: ALLOCATE and FREE name the region's first slot; its size is
+    # the drop in free slots (16 -> 12: slots 8-11).
     events = events_of(
         [(0.0, 0, "ARRIVE", 0, -1), (1.0, 1, "ALLOCATE", 0, 8), (2.0, 2, "FREE", 0, 8)]
     )

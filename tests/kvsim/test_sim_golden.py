@@ -4,7 +4,7 @@ All runs use conftest's ToyExecutor (prefill 1 s + 1/16 s per batched token, dec
 block_size 4, watermark 0 and no max_model_len. Times are sums of powers of two, so they are
 exact and compare with ``==``.
 
-Reminders used in the hand computations (engine/scheduler.py, engine/block_manager.py):
+Reminders used in the hand computations (engine/core/scheduler.py, engine/core/block_manager.py):
 - a P-token prefill allocates ceil(P/4) blocks from the front of the FIFO free queue (a fresh
   pool hands out 0, 1, 2, ...; freed blocks go to the back) and samples the first token;
 - a request with O output tokens then needs O - 1 decode steps; a decode step appends a block
