@@ -1,6 +1,7 @@
 """Types of the compiled core's bindings (engine/compiled/_core.pyx)."""
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -61,3 +62,113 @@ class BlockPool:
     @property
     def num_events(self) -> int: ...
     def take_events(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]: ...
+
+STATUS_VALUES: tuple[str, ...]
+STEP_FIELDS: tuple[str, ...]
+
+# schedule()'s tuple, in STEP_FIELDS order: num_seqs, num_batched_tokens, num_decode_seqs,
+# decode_context_tokens, prefill_causal_pairs, prefill_cached_pairs, prefill_cached_tokens,
+# blocks_walked (BatchShape's eight), kind (StepKind's value), prefill_tokens, num_preempted,
+# num_rejected
+StepTuple = tuple[int, int, int, int, int, int, int, int, int, int, int, int]
+# update()'s entries: seq_id, SequenceStatus value, finish_reason
+Finished = tuple[int, str, str]
+
+class V1Core:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        *,
+        watermark: float = 0.0,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        policy: str = "fcfs",
+        token: int = 0,
+        record_events: bool = True,
+        prefix_cache_events: bool = True,
+        event_capacity: int = 0,
+    ) -> None: ...
+    @classmethod
+    def from_config(
+        cls,
+        config: Any,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        **kwargs: Any,
+    ) -> V1Core: ...
+    def add_token_request(
+        self,
+        seq_id: int,
+        token_ids: Iterable[int],
+        max_tokens: int,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        stops_on_token: bool = False,
+    ) -> bool: ...
+    def add_hash_id_request(
+        self,
+        seq_id: int,
+        num_prompt_tokens: int,
+        hash_ids: Iterable[int],
+        hash_block_size: int,
+        max_tokens: int,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        stops_on_token: bool = False,
+    ) -> bool: ...
+    def add_unique_request(
+        self,
+        seq_id: int,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        stops_on_token: bool = False,
+    ) -> bool: ...
+    def abort(self, seq_id: int) -> bool: ...
+    def set_time(self, time_s: float) -> None: ...
+    def schedule(self) -> StepTuple: ...
+    def update(self) -> list[Finished]: ...
+    @property
+    def last_step(self) -> StepTuple: ...
+    def scheduled(self) -> tuple[list[int], list[int]]: ...
+    def preempted(self) -> list[int]: ...
+    def rejected(self) -> list[int]: ...
+    def admitted(self) -> list[tuple[int, int]]: ...
+    def running(self) -> list[int]: ...
+    def waiting(self) -> list[int]: ...
+    def request(self, seq_id: int) -> dict[str, Any] | None: ...
+    def has_unfinished(self) -> bool: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_cached_tokens(self) -> int: ...
+    @property
+    def num_cached_free_blocks(self) -> int: ...
+    def get_num_free_blocks(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    @property
+    def num_evictions(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def watermark_blocks(self) -> int: ...
+    def free_queue(self) -> list[int]: ...
+    @property
+    def num_events(self) -> int: ...
+    def take_events(
+        self,
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]: ...

@@ -9,6 +9,7 @@ scheduler can call them without Python in between. See docs/compiled.md.
 from libc.stdint cimport int8_t, int32_t, int64_t
 from libc.stdlib cimport free as c_free
 from libcpp cimport bool as cbool
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 from cython.view cimport array as cvarray
 
@@ -82,6 +83,93 @@ cdef extern from "csrc/block_pool.hpp" namespace "kvsim":
         cbool prefix_cache_events
 
 
+cdef extern from "csrc/v1_scheduler.hpp" namespace "kvsim":
+    ctypedef int8_t SeqStatus
+
+    cdef cppclass V1Config:
+        int32_t max_num_seqs
+        int32_t max_num_batched_tokens
+        int32_t max_model_len
+        cbool enable_chunked_prefill
+        int32_t long_prefill_token_threshold
+        cbool priority
+        double watermark
+
+    cdef cppclass StepInfo:
+        int64_t num_seqs
+        int64_t num_batched_tokens
+        int64_t num_decode_seqs
+        int64_t decode_context_tokens
+        int64_t prefill_causal_pairs
+        int64_t prefill_cached_pairs
+        int64_t prefill_cached_tokens
+        int64_t blocks_walked
+        int64_t prefill_tokens
+        int8_t kind
+        int32_t num_preempted
+        int32_t num_rejected
+        int32_t step
+
+    cdef cppclass V1Request:
+        int64_t seq_id
+        int32_t num_prompt_tokens
+        int32_t num_generated
+        int32_t cached
+        SeqStatus status
+        int64_t priority
+        double arrival_time
+        int32_t num_preemptions
+        int32_t prefix_hit_tokens
+
+    cdef cppclass FinishedRecord:
+        int64_t seq_id
+        SeqStatus status
+        string reason
+
+    cdef cppclass CV1Scheduler "kvsim::V1Scheduler":
+        CV1Scheduler(
+            int32_t num_blocks, int32_t block_size, cbool caching, const V1Config& config,
+            int64_t token
+        ) except +
+        cbool add_token_request(
+            int64_t seq_id, const int64_t* tokens, int32_t n, int64_t max_tokens,
+            double arrival_time, int64_t priority, cbool stops_on_token
+        ) except +
+        cbool add_hash_id_request(
+            int64_t seq_id, int32_t num_prompt_tokens, const int64_t* ids, int32_t num_ids,
+            int32_t hash_block_size, int64_t max_tokens, double arrival_time, int64_t priority,
+            cbool stops_on_token
+        ) except +
+        cbool add_unique_request(
+            int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens, double arrival_time,
+            int64_t priority, cbool stops_on_token
+        ) except +
+        cbool abort(int64_t seq_id) except +
+        void set_time(double time_s)
+        const StepInfo& schedule() except +
+        const vector[FinishedRecord]& update() except +
+        cbool has_unfinished()
+        int32_t num_running()
+        int32_t num_waiting()
+        int64_t num_cached_tokens()
+        int32_t step()
+        int32_t watermark_blocks()
+        cbool pending()
+        const StepInfo& last_step()
+        CBlockPool& pool()
+        const vector[int32_t]& scheduled()
+        const vector[int32_t]& num_new_tokens()
+        const vector[int64_t]& preempted()
+        const vector[int64_t]& rejected()
+        const vector[int32_t]& admitted()
+        const vector[int32_t]& running()
+        vector[int32_t] waiting()
+        const V1Request& request(int32_t h) except +
+        int32_t handle_of(int64_t seq_id)
+        Column[int8_t] step_kinds
+        Column[int64_t] step_num_seqs
+
+
 def tuple_hash(values):
     """``hash(tuple(values))`` of ints in the int64 range, computed by the C++ core (the
     prefix keys' hash, exposed so tests can hold it to Python's own)."""
@@ -100,6 +188,27 @@ cdef object _owned_array(void* data, size_t n, str fmt, Py_ssize_t itemsize, obj
     arr.data = <char*>data
     arr.callback_free_data = c_free
     return np.asarray(arr)
+
+
+cdef tuple _take_events(EventBuffer* ev, size_t capacity):
+    """The buffer's columns, block ids and CACHE / EVICT keys as numpy arrays that own
+    the buffer's memory (no copy); the buffer is left empty, with ``capacity`` reserved."""
+    cdef size_t n = ev.size()
+    cdef size_t nb = ev.block_ids.size()
+    cdef size_t nh = ev.block_hashes.size()
+    columns = {
+        "time_s": _owned_array(ev.time_s.release(), n, "d", 8, np.float64),
+        "step": _owned_array(ev.step.release(), n, "i", 4, np.int32),
+        "kind": _owned_array(ev.kind.release(), n, "b", 1, np.int8),
+        "seq_id": _owned_array(ev.seq_id.release(), n, "i", 4, np.int32),
+        "free_blocks": _owned_array(ev.free_blocks.release(), n, "i", 4, np.int32),
+        "num_tokens": _owned_array(ev.num_tokens.release(), n, "i", 4, np.int32),
+        "num_blocks": _owned_array(ev.num_blocks.release(), n, "i", 4, np.int32),
+    }
+    block_ids = _owned_array(ev.block_ids.release(), nb, "i", 4, np.int32)
+    block_hashes = _owned_array(ev.block_hashes.release(), nh, "q", 8, np.int64)
+    ev.reserve(capacity)  # the columns went with their arrays
+    return columns, block_ids, block_hashes
 
 
 cdef class BlockPool:
@@ -249,20 +358,282 @@ cdef class BlockPool:
         return self.pool.events.size()
 
     def take_events(self):
-        cdef EventBuffer* ev = &self.pool.events
-        cdef size_t n = ev.size()
-        cdef size_t nb = ev.block_ids.size()
-        cdef size_t nh = ev.block_hashes.size()
-        columns = {
-            "time_s": _owned_array(ev.time_s.release(), n, "d", 8, np.float64),
-            "step": _owned_array(ev.step.release(), n, "i", 4, np.int32),
-            "kind": _owned_array(ev.kind.release(), n, "b", 1, np.int8),
-            "seq_id": _owned_array(ev.seq_id.release(), n, "i", 4, np.int32),
-            "free_blocks": _owned_array(ev.free_blocks.release(), n, "i", 4, np.int32),
-            "num_tokens": _owned_array(ev.num_tokens.release(), n, "i", 4, np.int32),
-            "num_blocks": _owned_array(ev.num_blocks.release(), n, "i", 4, np.int32),
+        return _take_events(&self.pool.events, self.event_capacity)
+
+
+# --- the v1 scheduler ---------------------------------------------------------------------------
+
+# SequenceStatus values (engine/core/sequence.py), by the C++ SeqStatus code
+STATUS_VALUES = (
+    "waiting", "running", "finished_stopped", "finished_length", "finished_aborted",
+    "finished_rejected",
+)
+# What V1Core.schedule() returns, in order: BatchShape's eight counts (kvsim/costmodel), then
+# the step kind (StepKind's value), its prefill tokens, and how many it preempted and rejected.
+STEP_FIELDS = (
+    "num_seqs", "num_batched_tokens", "num_decode_seqs", "decode_context_tokens",
+    "prefill_causal_pairs", "prefill_cached_pairs", "prefill_cached_tokens", "blocks_walked",
+    "kind", "prefill_tokens", "num_preempted", "num_rejected",
+)
+cdef str _LENGTH = "finished_length"
+cdef str _LENGTH_REASON = "length"
+
+
+cdef tuple _step_tuple(const StepInfo& s):
+    return (
+        s.num_seqs, s.num_batched_tokens, s.num_decode_seqs, s.decode_context_tokens,
+        s.prefill_causal_pairs, s.prefill_cached_pairs, s.prefill_cached_tokens,
+        s.blocks_walked, s.kind, s.prefill_tokens, s.num_preempted, s.num_rejected,
+    )
+
+
+cdef class V1Core:
+    """vLLM 0.33's v1 scheduler over the compiled block pool, for placeholder-token runs
+    (csrc/v1_scheduler.hpp): the decisions, block ids, events and counters of
+    engine/v1/scheduler.py's V1Scheduler driving a BlockManager, with every sampled token
+    ``token``. Requests are named by their seq_id.
+
+    Per step: ``schedule()`` returns a tuple (``STEP_FIELDS``), ``update()`` the finished
+    requests as (seq_id, status, finish_reason), status a SequenceStatus value. With
+    ``record_events`` the scheduler's and the pool's events go into one buffer
+    (``take_events``), stamped with the time last given to ``set_time``.
+    """
+
+    cdef CV1Scheduler* core
+    cdef size_t event_capacity
+
+    def __cinit__(
+        self,
+        int32_t num_blocks,
+        int32_t block_size,
+        cbool enable_prefix_caching=False,
+        *,
+        double watermark=0.0,
+        int32_t max_num_seqs=256,
+        int32_t max_num_batched_tokens=8192,
+        max_model_len=None,
+        cbool enable_chunked_prefill=True,
+        int32_t long_prefill_token_threshold=0,
+        str policy="fcfs",
+        int64_t token=0,
+        cbool record_events=True,
+        cbool prefix_cache_events=True,
+        size_t event_capacity=0,
+    ):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        cdef V1Config cfg
+        cfg.max_num_seqs = max_num_seqs
+        cfg.max_num_batched_tokens = max_num_batched_tokens
+        cfg.max_model_len = -1 if max_model_len is None else max_model_len
+        cfg.enable_chunked_prefill = enable_chunked_prefill
+        cfg.long_prefill_token_threshold = long_prefill_token_threshold
+        cfg.priority = policy == "priority"
+        cfg.watermark = watermark
+        self.core = new CV1Scheduler(num_blocks, block_size, enable_prefix_caching, cfg, token)
+        self.core.pool().record_events = record_events
+        self.core.pool().prefix_cache_events = prefix_cache_events
+        self.event_capacity = event_capacity
+        self.core.pool().events.reserve(event_capacity)
+
+    def __dealloc__(self):
+        del self.core
+
+    @classmethod
+    def from_config(
+        cls, config, int32_t num_blocks, int32_t block_size, cbool enable_prefix_caching=False,
+        **kwargs,
+    ):
+        """A V1Core for a SchedulerConfig (``scheduler="v1"``); ``kwargs``: the other
+        keyword arguments (``watermark``, ``token``, ``record_events``, ...)."""
+        if config.scheduler != "v1":
+            raise ValueError(f"V1Core needs scheduler='v1', got {config.scheduler!r}")
+        return cls(
+            num_blocks, block_size, enable_prefix_caching,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            policy=config.policy,
+            **kwargs,
+        )
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def add_token_request(
+        self, int64_t seq_id, token_ids, int64_t max_tokens, double arrival_time=0.0,
+        int64_t priority=0, cbool stops_on_token=False,
+    ):
+        cdef vector[int64_t] tokens = token_ids
+        return self.core.add_token_request(
+            seq_id, tokens.data(), <int32_t>tokens.size(), max_tokens, arrival_time, priority,
+            stops_on_token,
+        )
+
+    def add_hash_id_request(
+        self, int64_t seq_id, int32_t num_prompt_tokens, hash_ids, int32_t hash_block_size,
+        int64_t max_tokens, double arrival_time=0.0, int64_t priority=0,
+        cbool stops_on_token=False,
+    ):
+        cdef vector[int64_t] ids = [hash(int(h)) for h in hash_ids]
+        return self.core.add_hash_id_request(
+            seq_id, num_prompt_tokens, ids.data(), <int32_t>ids.size(), hash_block_size,
+            max_tokens, arrival_time, priority, stops_on_token,
+        )
+
+    def add_unique_request(
+        self, int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens,
+        double arrival_time=0.0, int64_t priority=0, cbool stops_on_token=False,
+    ):
+        return self.core.add_unique_request(
+            seq_id, num_prompt_tokens, max_tokens, arrival_time, priority, stops_on_token
+        )
+
+    def abort(self, int64_t seq_id):
+        return self.core.abort(seq_id)
+
+    def set_time(self, double time_s):
+        self.core.set_time(time_s)
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def schedule(self):
+        return _step_tuple(self.core.schedule())
+
+    def update(self):
+        cdef const vector[FinishedRecord]* done = &self.core.update()
+        cdef size_t i
+        cdef list out = []
+        for i in range(done.size()):
+            if done[0][i].status == 3:  # FINISHED_LENGTH: the usual case, no decoding
+                out.append((done[0][i].seq_id, _LENGTH, _LENGTH_REASON))
+            else:
+                out.append((
+                    done[0][i].seq_id, STATUS_VALUES[done[0][i].status],
+                    done[0][i].reason.decode(),
+                ))
+        return out
+
+    @property
+    def last_step(self):
+        return _step_tuple(self.core.last_step())
+
+    cdef list _seq_ids(self, const vector[int32_t]& handles):
+        cdef size_t i
+        return [self.core.request(handles[i]).seq_id for i in range(handles.size())]
+
+    def scheduled(self):
+        return self._seq_ids(self.core.scheduled()), list(self.core.num_new_tokens())
+
+    def preempted(self):
+        return list(self.core.preempted())
+
+    def rejected(self):
+        return list(self.core.rejected())
+
+    def admitted(self):
+        cdef vector[int32_t] handles = self.core.admitted()
+        cdef int32_t h
+        return [
+            (self.core.request(h).seq_id, self.core.request(h).prefix_hit_tokens)
+            for h in handles
+        ]
+
+    def running(self):
+        return self._seq_ids(self.core.running())
+
+    def waiting(self):
+        return self._seq_ids(self.core.waiting())
+
+    def request(self, int64_t seq_id):
+        cdef int32_t h = self.core.handle_of(seq_id)
+        if h < 0:
+            return None
+        cdef const V1Request* q = &self.core.request(h)
+        return {
+            "status": STATUS_VALUES[q.status],
+            "num_prompt_tokens": q.num_prompt_tokens,
+            "num_generated": q.num_generated,
+            "cached_token_count": q.cached,
+            "num_preemptions": q.num_preemptions,
+            "prefix_hit_tokens": q.prefix_hit_tokens,
+            "block_table": list(self.core.pool().get(h).table),
         }
-        block_ids = _owned_array(ev.block_ids.release(), nb, "i", 4, np.int32)
-        block_hashes = _owned_array(ev.block_hashes.release(), nh, "q", 8, np.int64)
-        ev.reserve(self.event_capacity)  # the columns went with their arrays
-        return columns, block_ids, block_hashes
+
+    # --- counters ---------------------------------------------------------------------------
+
+    def has_unfinished(self):
+        return self.core.has_unfinished()
+
+    @property
+    def num_running(self):
+        return self.core.num_running()
+
+    @property
+    def num_waiting(self):
+        return self.core.num_waiting()
+
+    @property
+    def num_cached_tokens(self):
+        return self.core.num_cached_tokens()
+
+    @property
+    def num_cached_free_blocks(self):
+        return self.core.pool().num_cached_free_blocks()
+
+    def get_num_free_blocks(self):
+        return self.core.pool().num_free_blocks()
+
+    @property
+    def num_used_blocks(self):
+        return self.core.pool().num_blocks() - self.core.pool().num_free_blocks()
+
+    @property
+    def num_evictions(self):
+        return self.core.pool().num_evictions()
+
+    @property
+    def num_blocks(self):
+        return self.core.pool().num_blocks()
+
+    @property
+    def block_size(self):
+        return self.core.pool().block_size()
+
+    @property
+    def step(self):
+        return self.core.step()
+
+    @property
+    def watermark_blocks(self):
+        return self.core.watermark_blocks()
+
+    def free_queue(self):
+        return list(self.core.pool().free_queue())
+
+    # --- events -----------------------------------------------------------------------------
+
+    @property
+    def num_events(self):
+        return self.core.pool().events.size()
+
+    def take_events(self):
+        """As BlockPool.take_events, plus the STEP rows' columns (EventRecorder's
+        ``step_columns``)."""
+        columns, block_ids, block_hashes = _take_events(
+            &self.core.pool().events, self.event_capacity
+        )
+        cdef size_t ns = self.core.step_kinds.size()
+        kinds = _owned_array(self.core.step_kinds.release(), ns, "b", 1, np.int8)
+        num_seqs = _owned_array(self.core.step_num_seqs.release(), ns, "q", 8, np.int64)
+        is_step = columns["kind"] == 10  # EventKind.STEP
+        steps = {
+            "time_s": columns["time_s"][is_step],
+            "step": columns["step"][is_step].astype(np.int64),
+            "kind": kinds,
+            "num_seqs": num_seqs,
+            "num_batched_tokens": columns["num_tokens"][is_step].astype(np.int64),
+            "free_blocks": columns["free_blocks"][is_step].astype(np.int64),
+        }
+        return columns, block_ids, block_hashes, steps

@@ -1,0 +1,510 @@
+// vLLM 0.33's v1 scheduler for placeholder-token runs: the compiled V1Scheduler.
+//
+// A mirror of engine/v1/scheduler.py's V1Scheduler (and what it inherits from
+// engine/core/scheduler.py's Scheduler) over a kvsim::BlockPool, for runs in which every
+// sampled token is one fixed id and requests stop at max_tokens or max_model_len (ignore_eos;
+// a request may also stop on the token, as one whose stop ids hold it). The Python classes are
+// the specification: each rule below names the function it mirrors, and
+// tests/engine/test_compiled_v1.py drives both with the same workloads and requires the same
+// decisions, block ids, events and counters. Scheduler-level events (ARRIVE, ADMIT, RESUME,
+// PREEMPT, FINISH, ABORT, REJECT, STEP) go into the pool's EventBuffer between its block
+// events, in the Python path's order, stamped with the time the caller last set.
+//
+// Per step the scheduler also computes what the simulator prices and accounts a step by
+// (StepInfo: kvsim/sim/executor.py's ``_counts`` for a plain V1Scheduler step, the step's
+// prefill tokens, its kind), so that nothing per sequence has to cross into Python.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "block_pool.hpp"
+#include "event_buffer.hpp"
+#include "v1_requests.hpp"
+
+namespace kvsim {
+
+class V1Scheduler {
+ public:
+  // V1Scheduler.__init__ over a fresh pool; ``token``: the id every step samples.
+  V1Scheduler(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
+              const V1Config& config, int64_t token)
+      : pool_(num_blocks, block_size, enable_prefix_caching),
+        cfg_(config),
+        token_(token),
+        waiting_(&requests_, config.priority) {
+    if (config.max_num_seqs < 1 || config.max_num_batched_tokens < 1)
+      throw std::invalid_argument("max_num_seqs and max_num_batched_tokens must be positive");
+    if (config.max_model_len == 0 || config.max_model_len < -1)
+      throw std::invalid_argument("max_model_len must be positive");
+    if (config.long_prefill_token_threshold < 0)
+      throw std::invalid_argument("long_prefill_token_threshold must be >= 0");
+    if (!(config.watermark >= 0.0 && config.watermark < 1.0))
+      throw std::invalid_argument("watermark must be in [0, 1)");
+    // V1Scheduler.__init__: vLLM keeps int(watermark * num_gpu_blocks) free, its pool
+    // counting the null block.
+    watermark_blocks_ = static_cast<int32_t>(config.watermark * double(num_blocks + 1));
+  }
+
+  // --- requests (V1Scheduler.add_request) -------------------------------------------------
+  // Each returns false when the request can never run: it is then finished as REJECTED now
+  // and reported by the next update(). ``stops_on_token``: the placeholder token is one of
+  // its stop ids (SamplingParams.stop_ids).
+
+  bool add_token_request(int64_t seq_id, const int64_t* tokens, int32_t n, int64_t max_tokens,
+                         double arrival_time, int64_t priority, bool stops_on_token = false) {
+    check_new(seq_id, n, max_tokens);
+    return add(pool_.add_token_request(seq_id, tokens, n), seq_id, n, max_tokens, arrival_time,
+               priority, stops_on_token);
+  }
+  bool add_hash_id_request(int64_t seq_id, int32_t num_prompt_tokens, const int64_t* ids,
+                           int32_t num_ids, int32_t hash_block_size, int64_t max_tokens,
+                           double arrival_time, int64_t priority, bool stops_on_token = false) {
+    check_new(seq_id, num_prompt_tokens, max_tokens);
+    const int32_t h =
+        pool_.add_hash_id_request(seq_id, num_prompt_tokens, ids, num_ids, hash_block_size);
+    return add(h, seq_id, num_prompt_tokens, max_tokens, arrival_time, priority, stops_on_token);
+  }
+  bool add_unique_request(int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens,
+                          double arrival_time, int64_t priority, bool stops_on_token = false) {
+    check_new(seq_id, num_prompt_tokens, max_tokens);
+    return add(pool_.add_unique_request(seq_id, num_prompt_tokens), seq_id, num_prompt_tokens,
+               max_tokens, arrival_time, priority, stops_on_token);
+  }
+
+  // Scheduler.abort: a waiting or running request is finished as ABORTED and its blocks
+  // freed now; false if ``seq_id`` is unknown or finished. One aborted between schedule()
+  // and update() is skipped by that update().
+  bool abort(int64_t seq_id) {
+    const auto found = unfinished_.find(seq_id);
+    if (found == unfinished_.end()) return false;
+    const int32_t h = found->second;
+    if (requests_[size_t(h)].status == kSeqRunning) {
+      running_.erase(std::find(running_.begin(), running_.end(), h));
+    } else {
+      waiting_.remove(h);
+    }
+    finish(h, kSeqAborted, kAbort, "aborted");
+    return true;
+  }
+
+  // The clock the events that follow are stamped with (EventRecorder's clock()).
+  void set_time(double time_s) {
+    time_ = time_s;
+    pool_.events.begin_step(step_, time_);
+  }
+
+  // --- schedule (V1Scheduler.schedule) -----------------------------------------------------
+
+  const StepInfo& schedule() {
+    if (pending_) throw std::logic_error("a step was scheduled but never updated");
+    ++step_;
+    pool_.events.begin_step(step_, time_);
+    // vLLM lets a lone sequence use the whole budget (nobody to starve).
+    const size_t eligible = running_.size() + waiting_.size();
+    const int32_t threshold = eligible > 1 ? cfg_.long_prefill_token_threshold : 0;
+    scheduled_.clear();
+    num_new_tokens_.clear();
+    preempted_.clear();
+    admitted_.clear();
+    const int32_t budget = schedule_running(threshold);
+    if (preempted_.empty()) schedule_waiting(threshold, budget);
+    // rejected = the rejections on arrival reported now, then the waiting pass's
+    rejected_.clear();
+    for (const FinishedRecord& f : finished_early_) rejected_.push_back(f.seq_id);
+    pending_ = true;
+    count_step();
+    if (pool_.record_events && !scheduled_.empty()) {
+      // Scheduler.schedule's sink.record_step (EventRecorder keeps kind and num_seqs aside)
+      pool_.events.record(kStep, kNoSeq, pool_.num_free_blocks(), nullptr, 0,
+                          int32_t(info_.num_batched_tokens));
+      step_kinds.push_back(info_.kind);
+      step_num_seqs.push_back(info_.num_seqs);
+    }
+    return info_;
+  }
+
+  // --- update (V1Scheduler.update) ---------------------------------------------------------
+
+  // Apply the pending step: each scheduled request advances by its tokens; one whose prompt
+  // (or recompute) is complete samples the token and may finish. Returns the requests
+  // finished, those rejected since the last update first (Scheduler._take_pending).
+  const std::vector<FinishedRecord>& update() {
+    if (!pending_) throw std::logic_error("update() without a scheduled step");
+    pending_ = false;
+    finished_.swap(finished_early_);
+    finished_early_.clear();
+    done_.clear();
+    for (size_t k = 0; k < scheduled_.size(); ++k) {
+      const int32_t h = scheduled_[k];
+      V1Request& q = requests_[size_t(h)];
+      if (q.status != kSeqRunning) continue;  // aborted after it was scheduled
+      q.cached += num_new_tokens_[k];
+      num_cached_tokens_ += num_new_tokens_[k];
+      if (q.cached < q.num_tokens()) continue;  // a prefill chunk: nothing sampled yet
+      ++q.num_generated;
+      pool_.append_tokens(h, &token_, 1);
+      if (q.stops_on_token || q.cached >= q.finish_cached_count) done_.push_back(h);
+    }
+    // Scheduler._finish_sampled, then _drop_finished (the running order kept)
+    for (const int32_t h : done_) {
+      const bool stop = requests_[size_t(h)].stops_on_token;
+      finish(h, stop ? kSeqStopped : kSeqLength, kFinish,
+             stop ? "stop" : "length");
+    }
+    if (!done_.empty()) {
+      running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                    [this](int32_t h) {
+                                      return requests_[size_t(h)].status != kSeqRunning;
+                                    }),
+                     running_.end());
+    }
+    for (const int32_t h : released_) pool_.remove_request(h);
+    released_.clear();
+    return finished_;
+  }
+
+  // --- queries -----------------------------------------------------------------------------
+
+  // V1Scheduler.has_unfinished
+  bool has_unfinished() const {
+    return !waiting_.empty() || !running_.empty() || !finished_early_.empty();
+  }
+  int32_t num_running() const { return int32_t(running_.size()); }
+  int32_t num_waiting() const { return int32_t(waiting_.size()); }
+  int64_t num_cached_tokens() const { return num_cached_tokens_; }  // Scheduler's counter
+  int32_t step() const { return step_; }
+  int32_t watermark_blocks() const { return watermark_blocks_; }
+  bool pending() const { return pending_; }
+  const V1Config& config() const { return cfg_; }
+  const StepInfo& last_step() const { return info_; }
+  BlockPool& pool() { return pool_; }
+
+  // The pending (or last) step's decisions, as request handles (tests).
+  const std::vector<int32_t>& scheduled() const { return scheduled_; }
+  const std::vector<int32_t>& num_new_tokens() const { return num_new_tokens_; }
+  const std::vector<int64_t>& preempted() const { return preempted_; }
+  const std::vector<int64_t>& rejected() const { return rejected_; }
+  const std::vector<int32_t>& admitted() const { return admitted_; }
+  const std::vector<int32_t>& running() const { return running_; }
+  std::vector<int32_t> waiting() const { return waiting_.to_vector(); }
+  const V1Request& request(int32_t h) const { return requests_.at(size_t(h)); }
+  // The handle of an unfinished request, -1 if none.
+  int32_t handle_of(int64_t seq_id) const {
+    const auto found = unfinished_.find(seq_id);
+    return found == unfinished_.end() ? -1 : found->second;
+  }
+
+  // The STEP rows' step kind and batch size, one per STEP event in the pool's buffer
+  // (EventRecorder.step_columns keeps them beside the event row).
+  Column<int8_t> step_kinds;
+  Column<int64_t> step_num_seqs;
+
+ private:
+  void check_new(int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens) const {
+    // V1Scheduler.add_request, Sequence and SamplingParams refuse these
+    if (unfinished_.count(seq_id))
+      throw std::invalid_argument("sequence " + std::to_string(seq_id) +
+                                  " is already queued or running");
+    if (num_prompt_tokens < 1) throw std::invalid_argument("prompt_token_ids must not be empty");
+    if (max_tokens < 1) throw std::invalid_argument("max_tokens must be a positive integer");
+  }
+
+  // V1Scheduler.add_request of the request the pool knows as ``h``.
+  bool add(int32_t h, int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens,
+           double arrival_time, int64_t priority, bool stops_on_token) {
+    if (size_t(h) >= requests_.size()) requests_.resize(size_t(h) + 1);
+    V1Request& q = requests_[size_t(h)];
+    q = V1Request();
+    q.seq_id = seq_id;
+    q.num_prompt_tokens = num_prompt_tokens;
+    // Sequence.__init__: max_tokens generated is reached when cached hits this count;
+    // add_request lowers it for max_model_len.
+    int64_t finish = int64_t{num_prompt_tokens} + max_tokens - 1;
+    if (cfg_.max_model_len >= 0) finish = std::min<int64_t>(finish, cfg_.max_model_len - 1);
+    q.finish_cached_count = int32_t(std::min<int64_t>(finish, std::numeric_limits<int32_t>::max()));
+    q.stops_on_token = stops_on_token;
+    q.priority = priority;
+    q.arrival_time = arrival_time;
+    if (cfg_.priority) q.id_text = std::to_string(seq_id);
+    unfinished_.emplace(seq_id, h);
+    record(kArrive, q, q.num_tokens());
+    std::string reason;
+    if (never_runs(q, reason)) {
+      reject(h, std::move(reason));
+      return false;
+    }
+    waiting_.push_back(h);
+    return true;
+  }
+
+  // V1Scheduler._never_runs: why ``q`` can never run (its reason), or false.
+  bool never_runs(const V1Request& q, std::string& reason) const {
+    int32_t num_tokens = q.num_tokens();
+    const int32_t max_len = cfg_.max_model_len;
+    if (max_len >= 0) {
+      if (q.num_prompt_tokens >= max_len) {
+        reason = "prompt of " + std::to_string(q.num_prompt_tokens) +
+                 " tokens leaves no room for an output token within max_model_len " +
+                 std::to_string(max_len);
+        return true;
+      }
+      num_tokens = std::min(num_tokens, max_len);
+    }
+    const int64_t needed = blocks_needed(num_tokens);
+    if (needed > pool_.num_blocks()) {
+      reason = "exceeds KV capacity: " + std::to_string(num_tokens) + " tokens need " +
+               std::to_string(needed) + " blocks, the pool has " +
+               std::to_string(pool_.num_blocks());
+      return true;
+    }
+    return false;
+  }
+
+  // V1Scheduler._schedule_running: running requests first, in running order; returns the
+  // token budget left.
+  int32_t schedule_running(int32_t threshold) {
+    int32_t budget = cfg_.max_num_batched_tokens;
+    const int32_t bs = pool_.block_size();
+    const int32_t max_len = cfg_.max_model_len;
+    size_t i = 0;
+    while (i < running_.size() && budget > 0) {
+      const int32_t h = running_[i];
+      const V1Request& q = requests_[size_t(h)];
+      const int32_t cached = q.cached;
+      int32_t n = q.num_tokens() - cached;
+      if (0 < threshold && threshold < n) n = threshold;
+      if (n > budget) n = budget;
+      if (max_len >= 0 && n > max_len - cached - 1) n = max_len - cached - 1;
+      if (n <= 0) {
+        ++i;
+        continue;
+      }
+      const RequestBlocks& blocks = pool_.get(h);
+      if (int64_t{cached} + n <= int64_t(blocks.table.size()) * bs) {
+        // allocate_slots without a block to allocate (most decodes): it only caches the
+        // blocks this step fills.
+        if (pool_.enable_prefix_caching() && (cached + n) / bs > blocks.num_cached_blocks)
+          pool_.cache_blocks(h, cached + n);
+        take(h, n, budget);
+        ++i;
+        continue;
+      }
+      bool allocated = true;
+      while (!pool_.allocate_slots(h, cached, n, nullptr, 0, 0, 0, max_len)) {
+        int32_t victim;
+        if (cfg_.priority) {
+          // max(running, key=_priority_key): the largest (priority, arrival_time), ties to
+          // the earliest in running order
+          size_t at = 0;
+          for (size_t j = 1; j < running_.size(); ++j)
+            if (priority_after(running_[j], running_[at])) at = j;
+          victim = running_[at];
+          running_.erase(running_.begin() + std::ptrdiff_t(at));
+          if (at < i) --i;
+          // a victim already scheduled this step gives its tokens back
+          for (size_t j = 0; j < scheduled_.size(); ++j) {
+            if (scheduled_[j] != victim) continue;
+            budget += num_new_tokens_[j];
+            scheduled_.erase(scheduled_.begin() + std::ptrdiff_t(j));
+            num_new_tokens_.erase(num_new_tokens_.begin() + std::ptrdiff_t(j));
+            break;
+          }
+        } else {
+          victim = running_.back();
+          running_.pop_back();
+        }
+        preempt(victim);
+        preempted_.push_back(requests_[size_t(victim)].seq_id);
+        if (victim == h) {
+          allocated = false;
+          break;
+        }
+      }
+      if (!allocated) {
+        if (cfg_.priority) continue;  // it left the running list: i points at the next one
+        break;
+      }
+      take(h, n, budget);
+      ++i;
+    }
+    return budget;
+  }
+
+  // (priority, arrival_time) of ``a`` > that of ``b`` (_priority_key's tuple order)
+  bool priority_after(int32_t a, int32_t b) const {
+    const V1Request& x = requests_[size_t(a)];
+    const V1Request& y = requests_[size_t(b)];
+    if (x.priority != y.priority) return x.priority > y.priority;
+    return x.arrival_time > y.arrival_time;
+  }
+
+  // V1Scheduler._schedule_waiting: admit in queue order until one does not fit.
+  void schedule_waiting(int32_t threshold, int32_t budget) {
+    const int32_t bs = pool_.block_size();
+    const int32_t max_len = cfg_.max_model_len;
+    const bool chunked = cfg_.enable_chunked_prefill;
+    while (budget > 0 && int64_t(running_.size()) < cfg_.max_num_seqs) {
+      if (waiting_.empty()) break;
+      const int32_t h = waiting_.front();
+      V1Request& q = requests_[size_t(h)];
+      // A preempted sequence has grown: it may no longer fit anywhere.
+      std::string reason;
+      bool never = never_runs(q, reason);
+      int32_t num_hit_tokens = 0;
+      int32_t n = 0;
+      if (!never) {
+        pool_.find_cached_prefix(h, hits_);
+        num_hit_tokens = int32_t(hits_.size()) * bs;
+        n = q.num_tokens() - num_hit_tokens;
+        if (!chunked && n > cfg_.max_num_batched_tokens) {
+          reason = std::to_string(n) + " tokens to compute exceed max_num_batched_tokens " +
+                   std::to_string(cfg_.max_num_batched_tokens) + " (no chunked prefill)";
+          never = true;
+        }
+      }
+      if (never) {
+        waiting_.pop_front();
+        reject(h, std::move(reason));
+        continue;
+      }
+      if (0 < threshold && threshold < n) n = threshold;
+      if (!chunked && n > budget) break;
+      if (n > budget) n = budget;
+      const int32_t full = max_len < 0 ? q.num_tokens() : std::min(q.num_tokens(), max_len);
+      const int32_t watermark = running_.empty() ? 0 : watermark_blocks_;
+      if (!pool_.allocate_slots(h, q.cached, n, hits_.data(), int32_t(hits_.size()), full,
+                                watermark, max_len))
+        break;
+      waiting_.pop_front();
+      running_.push_back(h);
+      q.status = kSeqRunning;
+      q.cached = num_hit_tokens;
+      q.prefix_hit_tokens = num_hit_tokens;
+      num_cached_tokens_ += num_hit_tokens;
+      take(h, n, budget);
+      admitted_.push_back(h);
+      record(q.num_preemptions ? kResume : kAdmit, q, n);
+    }
+  }
+
+  // seqs.append(seq); num_new_tokens.append(n); budget -= n
+  void take(int32_t h, int32_t n, int32_t& budget) {
+    scheduled_.push_back(h);
+    num_new_tokens_.push_back(n);
+    budget -= n;
+  }
+
+  // V1Scheduler._preempt (recompute): blocks freed, to the front of the waiting queue.
+  void preempt(int32_t h) {
+    V1Request& q = requests_[size_t(h)];
+    num_cached_tokens_ -= q.cached;
+    pool_.free(h, true);
+    q.cached = 0;
+    q.status = kSeqWaiting;
+    ++q.num_preemptions;
+    waiting_.push_front(h);
+    // num_tokens: what its lookup will cover when it is admitted again
+    record(kPreempt, q, q.num_tokens());
+  }
+
+  // V1Scheduler._finish: the caller has taken it off the queues.
+  void finish(int32_t h, SeqStatus status, EventKind kind, std::string reason) {
+    V1Request& q = requests_[size_t(h)];
+    q.status = status;
+    unfinished_.erase(q.seq_id);
+    num_cached_tokens_ -= q.cached;
+    record(kind, q, q.num_tokens());
+    pool_.free(h, false);
+    if (status == kSeqRejected)
+      finished_early_.push_back({q.seq_id, status, std::move(reason)});
+    else if (status != kSeqAborted)
+      finished_.push_back({q.seq_id, status, std::move(reason)});
+    // its handle is reused only once no pending step can name it
+    if (pending_) {
+      released_.push_back(h);
+    } else {
+      pool_.remove_request(h);
+    }
+  }
+
+  // Scheduler._reject: finished as REJECTED, reported by the next update().
+  void reject(int32_t h, std::string reason) {
+    finish(h, kSeqRejected, kReject, std::move(reason));
+  }
+
+  // Scheduler.schedule's step kind and the executor's counts of the step just scheduled.
+  void count_step() {
+    StepInfo& s = info_;
+    s = StepInfo();
+    s.step = step_;
+    s.num_seqs = int64_t(scheduled_.size());
+    int64_t num_last_token = 0;  // step_kind's decodes: computing only their last token
+    for (size_t k = 0; k < scheduled_.size(); ++k) {
+      const V1Request& q = requests_[size_t(scheduled_[k])];
+      const int64_t n = num_new_tokens_[k];
+      const int64_t c = q.cached;
+      s.num_batched_tokens += n;
+      // scheduler_output.step_kind / simulation.prefill_tokens
+      if (n == 1 && c + 1 == q.num_tokens()) {
+        ++num_last_token;
+      } else {
+        s.prefill_tokens += n;
+      }
+      // executor._counts: one token over a non-empty cache is priced as a decode
+      if (n == 1 && c) {
+        ++s.num_decode_seqs;
+        s.decode_context_tokens += c + 1;
+      } else {
+        s.prefill_causal_pairs += n * (n + 1) / 2;
+        s.prefill_cached_pairs += n * c;
+        s.prefill_cached_tokens += c;
+      }
+    }
+    if (num_last_token == s.num_seqs) {
+      s.kind = kDecodeStep;
+    } else {
+      s.kind = num_last_token == 0 ? kPrefillStep : kMixedStep;
+    }
+    s.blocks_walked = pool_.num_blocks() - pool_.num_free_blocks();
+    s.num_preempted = int32_t(preempted_.size());
+    s.num_rejected = int32_t(rejected_.size());
+  }
+
+  // sink.record(kind, seq_id, free blocks, (), num_tokens) of the Scheduler's events
+  void record(EventKind kind, const V1Request& q, int32_t num_tokens) {
+    if (pool_.record_events)
+      pool_.events.record(kind, q.seq_id, pool_.num_free_blocks(), nullptr, 0, num_tokens);
+  }
+
+  int64_t blocks_needed(int32_t num_tokens) const {
+    return (int64_t{num_tokens} + pool_.block_size() - 1) / pool_.block_size();
+  }
+
+  BlockPool pool_;
+  V1Config cfg_;
+  int64_t token_;
+  int32_t watermark_blocks_ = 0;
+  std::vector<V1Request> requests_;  // by the pool's request handle
+  WaitingQueue waiting_;
+  std::vector<int32_t> running_;  // in admission order
+  std::unordered_map<int64_t, int32_t> unfinished_;  // seq_id -> handle
+  std::vector<FinishedRecord> finished_early_;  // rejected, returned by the next update()
+  std::vector<FinishedRecord> finished_;        // what the last update() returned
+  std::vector<int32_t> released_;  // finished while a step was pending: handles to free
+  bool pending_ = false;
+  int32_t step_ = 0;
+  double time_ = 0.0;
+  int64_t num_cached_tokens_ = 0;
+  StepInfo info_;
+  // the step's decisions
+  std::vector<int32_t> scheduled_, num_new_tokens_, admitted_, done_, hits_;
+  std::vector<int64_t> preempted_, rejected_;
+};
+
+}  // namespace kvsim
