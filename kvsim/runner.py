@@ -31,6 +31,7 @@ from kvsim.costmodel import (
 )
 from kvsim.option_spec import parse_step_time
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
+from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
 from kvsim.sim.engine_mode import (
     SESSION_STREAM_TOKENS,
     EngineExecutor,
@@ -294,6 +295,7 @@ def simulate(
     and BlockManager built from ``config``, ``limits``, ``num_blocks`` and
     ``max_model_len``)."""
     placeholder_tokens = getattr(executor, "placeholder_tokens", False)
+    compiled = False
     if scheduler is None:
         if limits is None:
             limits = scheduling_limits(config, resolve_gpu(config.gpu))
@@ -305,6 +307,7 @@ def simulate(
             ),
             fast=config.fast_decode and placeholder_tokens,
         )  # fmt: skip
+        compiled = compiled_v1_applies(scheduler, executor, config.fast_decode)
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
         # Placeholder tokens say nothing about sharing: the trace's hash_ids do, or else its
@@ -320,6 +323,23 @@ def simulate(
             return prefix_from_hash_ids(
                 request.hash_ids, hash_block_size, request.prompt_tokens, block_size
             )
+
+    def key_source(request: Request) -> tuple[list[int], int] | None:
+        """prefix_of's keys for the compiled core: (hash_ids, hash_block_size), or None."""
+        if not config.caches_prefixes():
+            return None
+        if not request.hash_ids and request.session_id is not None:
+            ids, hash_block_size = [session_stream_key(request.session_id)], SESSION_STREAM_TOKENS
+        elif not request.hash_ids:
+            return None
+        else:
+            if trace.hash_block_size is None:  # the same error as prefix_of's
+                prefix_from_hash_ids(request.hash_ids, None, request.prompt_tokens, 1)
+            assert trace.hash_block_size is not None
+            ids, hash_block_size = list(request.hash_ids), trace.hash_block_size
+        # A hash id covering the whole prompt gives the same keys at any larger size (only the
+        # first id is used, and every block's last token falls in it): the core takes int32.
+        return ids, min(hash_block_size, request.prompt_tokens)
 
     settings = SimSettings(
         concurrency=config.concurrency,
@@ -363,13 +383,17 @@ def simulate(
         for consume in consumers:
             consume(cols, block_ids)
 
-    sim = Simulation(
+    options: dict[str, Any] = (
+        {"key_source": key_source}
+        if compiled
+        else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}
+    )
+    sim = (CompiledV1Simulation if compiled else Simulation)(
         trace.requests,
         scheduler,
         executor,
         settings,
-        prompt_tokens_of,
-        prefix_of=prefix_of,
+        **options,
         on_events_chunk=on_chunk if streamed or consumers else None,
         keep_block_ids=not streamed,
         keep_kinds=METRIC_KINDS if streamed and usage is not None else None,

@@ -317,6 +317,31 @@ class EventRecorder:
             )
             self._step_kinds = array("b")
             self._step_num_seqs = array("q")
+        self._deliver(chunk, block_ids)
+
+    def add_chunk(
+        self, chunk: Columns, block_ids: np.ndarray, steps: Columns, block_hashes: np.ndarray
+    ) -> None:
+        """Take events recorded elsewhere (the compiled core's buffer, engine/compiled) as if
+        they had been recorded here, after everything recorded so far: ``chunk``'s columns
+        (``EVENT_COLUMNS``), their flat block ids, the rows of their STEP events
+        (``STEP_COLUMNS``) and the keys of their CACHE / EVICT blocks. They are handed to
+        ``on_chunk`` and kept as a chunk of their own."""
+        self.flush()
+        if self.keep_block_hashes and len(block_hashes):
+            self._block_hashes.frombytes(block_hashes.astype(np.int64, copy=False).tobytes())
+        chunk = {
+            n: np.ascontiguousarray(chunk[n], dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)
+        }
+        self._num_packed += len(chunk["kind"])
+        if len(steps["kind"]):
+            self._step_chunks.append(
+                {n: np.asarray(steps[n], dtype=d) for n, d in zip(STEP_COLUMNS, STEP_DTYPES)}
+            )
+        self._deliver(chunk, np.ascontiguousarray(block_ids, dtype=np.int64))
+
+    def _deliver(self, chunk: Columns, block_ids: np.ndarray) -> None:
+        """Hand a packed chunk to ``on_chunk`` and keep what the recorder keeps of it."""
         if self.on_chunk is not None:
             self.on_chunk(chunk, block_ids)
         if not self.keep_block_ids:

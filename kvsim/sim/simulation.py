@@ -361,6 +361,12 @@ class Simulation:
             self._next_progress += self._progress_every
             progress(self.env.now, self._num_done)
 
+    def _before_flush(self) -> None:
+        """Bring what the engine holds back up to date before the events are flushed."""
+        sync = getattr(self.scheduler, "sync", None)
+        if sync is not None:
+            sync()  # leave every Sequence exact for whoever looks at them next
+
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay the workload to its end (or ``settings.until``) and return the result."""
         env = self.env
@@ -378,9 +384,7 @@ class Simulation:
         wall = time.perf_counter() - start
         if progress is not None:
             progress(env.now, self._num_done)
-        sync = getattr(self.scheduler, "sync", None)
-        if sync is not None:
-            sync()  # leave every Sequence exact for whoever looks at them next
+        self._before_flush()
         self.recorder.flush()
         prefill = np.zeros(len(self._durations), dtype=np.int64)
         prefill[np.frombuffer(self._prefill_at, dtype=np.int64)] = np.frombuffer(

@@ -1,0 +1,132 @@
+"""Whole cost-mode runs on the compiled core (kvsim/sim/compiled_v1.py) against the pure-Python
+path (KVSIM_PURE_PYTHON=1): the same tables, summary (wall times aside) and run-folder files,
+byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import engine.compiled
+from kvsim.config import RunConfig
+from kvsim.outputs.run_folder import write_run
+from kvsim.runner import run
+from kvsim.sim.compiled_v1 import CompiledV1Simulation
+from workloads import Request, Trace, save_trace
+
+if engine.compiled.load() is None:
+    pytest.skip(str(engine.compiled.unavailable_reason()), allow_module_level=True)
+
+WALL = ("wall_time_s", "sim_requests_per_wall_s", "sim_steps_per_wall_s")
+FILES = ("requests.parquet", "steps.parquet", "events.parquet", "config.json")
+
+
+def run_both(
+    config: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uses_core: bool = True
+) -> None:
+    """Run ``config`` on both paths, write both run folders, and compare everything."""
+    results, folders = {}, {}
+    seen: list[str] = []
+    original = CompiledV1Simulation.run
+
+    def spy(self: CompiledV1Simulation, *args: object, **kwargs: object) -> object:
+        seen.append(self.__class__.__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompiledV1Simulation, "run", spy)
+    for path in ("compiled", "python"):
+        if path == "python":
+            monkeypatch.setenv("KVSIM_PURE_PYTHON", "1")
+        engine.compiled.cache_clear()
+        seen.clear()
+        try:
+            results[path] = run(config)
+        finally:
+            monkeypatch.delenv("KVSIM_PURE_PYTHON", raising=False)
+            engine.compiled.cache_clear()
+        assert bool(seen) == (path == "compiled" and uses_core), path
+        folders[path] = write_run(results[path], tmp_path / path, plots=False)
+    a, b = results["compiled"], results["python"]
+    for table in ("steps", "requests"):
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+    assert {k: v for k, v in a.summary.items() if k not in WALL} == {
+        k: v for k, v in b.summary.items() if k not in WALL
+    }
+    for name in FILES:
+        assert (folders["compiled"] / name).read_bytes() == (
+            folders["python"] / name
+        ).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # the default trace, v1 with prefix caching
+        {"num_blocks": 500, "block_size": 8},  # preemption storms
+        {"enable_prefix_caching": False, "num_blocks": 900},
+        {"enable_chunked_prefill": False, "max_num_seqs": 8, "until": 40.0},
+        {"long_prefill_token_threshold": 64, "block_size": 1, "num_blocks": 40_000},
+        {"num_blocks": 600, "concurrency": 24, "think_time_s": 0.2},  # closed loop
+        {"step_time": "linear:0.005:0.00001", "num_blocks": 800},  # the reference's clock
+    ],
+)
+def test_compiled_runs_match_python(
+    options: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_both(RunConfig(trace="azure_llm_2023_conv_first_2min", **options), tmp_path, monkeypatch)
+
+
+def test_shared_prefixes_from_hash_ids_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = RunConfig(trace="mooncake_fast25_conversation_first_1000", num_blocks=3000)
+    run_both(config, tmp_path, monkeypatch)
+
+
+def test_priorities_and_cancellations_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = [
+        Request(
+            request_id=str(i),
+            arrival_time_s=0.05 * i,
+            prompt_tokens=100 + 37 * (i % 11),
+            output_tokens=50 + 23 * (i % 7),
+            priority=i % 3,
+            cancel_after_s=1.5 if i % 3 == 0 else None,
+        )
+        for i in range(150)
+    ]
+    path = tmp_path / "cancel.jsonl"
+    save_trace(Trace(name="cancel", hash_block_size=None, requests=requests), path)
+    config = RunConfig(trace=str(path), num_blocks=300, scheduling_policy="priority")
+    run_both(config, tmp_path, monkeypatch)
+
+
+def test_classic_and_contiguous_runs_stay_on_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min", scheduler="classic")
+    run_both(config, tmp_path, monkeypatch, uses_core=False)
+
+
+def test_session_ids_without_hash_ids_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation's turns share its earlier prompt through its session id alone (a key
+    stream of 2**40 tokens per id, which the core takes at the prompt's length)."""
+    requests = [
+        Request(
+            request_id=str(i),
+            arrival_time_s=0.3 * i,
+            prompt_tokens=120 + 90 * (i // 5),  # each turn re-reads the ones before it
+            output_tokens=20 + i % 9,
+            session_id=f"s{i % 5}" if i % 7 else None,
+        )
+        for i in range(60)
+    ]
+    path = tmp_path / "sessions.jsonl"
+    save_trace(Trace(name="sessions", hash_block_size=None, requests=requests), path)
+    run_both(RunConfig(trace=str(path), num_blocks=400), tmp_path, monkeypatch)
