@@ -37,6 +37,13 @@ def print_error(message: str) -> None:
     err_console.print(line, highlight=False, soft_wrap=True)
 
 
+def print_notice(message: str) -> None:
+    """One ``notice:`` line on stderr (something the user may want to know; not a failure)."""
+    line = Text("notice: ", style="yellow")
+    line.append(plain(message).replace("\n", " "))
+    err_console.print(line, highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = BAD_INPUT_EXIT_CODE) -> NoReturn:
     """Print one red error line to stderr and exit with ``code``."""
     print_error(message)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsim.commands.console import Command, console, fail
+from kvsim.commands.console import Command, console, fail, print_notice
 from kvsim.commands.options import with_run_options
 from kvsim.commands.summary import print_summary
 from kvsim.config import RunConfig
@@ -105,12 +105,21 @@ def run_command(
         else:
             config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
         out_dir = out_path(out, config.trace, "runs")
+        _notice_pure_python()
         result = _run_and_write(config, out_dir, plots=not no_plots, force=force)
     except user_errors() as exc:
         fail(str(exc))
     except OSError as exc:
         fail(os_error_message(exc))
     print_summary(result.summary, out_dir, config.allocator, result.resolved.get("warnings") or [])
+
+
+def _notice_pure_python() -> None:
+    """Say once, on stderr, when the compiled core is missing (the run goes on in Python)."""
+    import engine.compiled
+
+    if engine.compiled.load() is None and os.environ.get(engine.compiled.PURE_PYTHON_ENV) != "1":
+        print_notice(str(engine.compiled.unavailable_reason()))
 
 
 def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool) -> Any:
