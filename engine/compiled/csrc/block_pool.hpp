@@ -50,12 +50,7 @@ class BlockPool {
         caching_(enable_prefix_caching),
         queue_(num_blocks),
         index_(num_blocks),
-        ref_counts_(size_t(num_blocks), 0),
-        owners_(size_t(num_blocks), kFreeOwner),
-        block_keys_(size_t(num_blocks), 0),
-        cached_at_(size_t(num_blocks), 0),
-        has_key_(size_t(num_blocks), 0),
-        private_(size_t(num_blocks), 0) {
+        blocks_(size_t(num_blocks)) {
     if (num_blocks < 1) throw std::invalid_argument("num_blocks must be positive");
     if (block_size < 1) throw std::invalid_argument("block_size must be positive");
   }
@@ -121,10 +116,10 @@ class BlockPool {
   // Free blocks that keep their key (a hit takes them back without computing anything).
   int32_t num_cached_free_blocks() const { return num_cached_free_; }
   int64_t num_evictions() const { return num_evictions_; }
-  int32_t ref_count(int32_t b) const { return ref_counts_.at(size_t(b)); }
-  int64_t owner(int32_t b) const { return owners_.at(size_t(b)); }
-  bool has_key(int32_t b) const { return has_key_.at(size_t(b)) != 0; }
-  int64_t block_key(int32_t b) const { return block_keys_.at(size_t(b)); }
+  int32_t ref_count(int32_t b) const { return blocks_.at(size_t(b)).ref; }
+  int64_t owner(int32_t b) const { return blocks_.at(size_t(b)).owner; }
+  bool has_key(int32_t b) const { return blocks_.at(size_t(b)).has_key != 0; }
+  int64_t block_key(int32_t b) const { return blocks_.at(size_t(b)).key; }
   std::vector<int32_t> free_queue() const { return queue_.to_vector(); }
 
   // --- per request ------------------------------------------------------------------------
@@ -163,7 +158,7 @@ class BlockPool {
     int32_t total_computed = num_computed_tokens + num_hits * bs;
     if (max_model_len >= 0 && total_computed > max_model_len) total_computed = max_model_len;
     int32_t evictable = 0;  // hits on free cached blocks: they leave the free count
-    for (int32_t i = 0; i < num_hits; ++i) evictable += ref_counts_[size_t(hits[i])] == 0;
+    for (int32_t i = 0; i < num_hits; ++i) evictable += blocks_[size_t(hits[i])].ref == 0;
     const int32_t available = num_free_blocks() - watermark_blocks;
     if (full_sequence_tokens) {
       const int32_t need = std::max(ceil_blocks(full_sequence_tokens) - held, 0) + evictable;
@@ -185,12 +180,12 @@ class BlockPool {
       const size_t first = q.table.size();
       for (int32_t i = 0; i < num_new_blocks; ++i) {
         const int32_t b = queue_.pop_front();
-        ref_counts_[size_t(b)] = 1;
+        blocks_[size_t(b)].ref = 1;
         q.table.push_back(b);
       }
       const int32_t* taken = q.table.data() + first;
       evict_taken(taken, size_t(num_new_blocks));
-      for (int32_t i = 0; i < num_new_blocks; ++i) owners_[size_t(taken[i])] = q.seq_id;
+      for (int32_t i = 0; i < num_new_blocks; ++i) blocks_[size_t(taken[i])].owner = q.seq_id;
       if (record_events) {
         const int32_t num_free = num_free_blocks();
         if (full_sequence_tokens) {
@@ -229,13 +224,13 @@ class BlockPool {
       const int64_t key = q.keys[size_t(i)];
       if (is_private) {
         // Only its own resume can hit it: kept out of the map, ordered by a clock instead.
-        private_[size_t(b)] = 1;
-        cached_at_[size_t(b)] = cache_clock_ + (i - start);
+        blocks_[size_t(b)].is_private = 1;
+        blocks_[size_t(b)].cached_at = cache_clock_ + (i - start);
       } else {
         index_.insert(key, b);
       }
-      block_keys_[size_t(b)] = key;
-      has_key_[size_t(b)] = 1;
+      blocks_[size_t(b)].key = key;
+      blocks_[size_t(b)].has_key = 1;
     }
     cache_clock_ += num_full - start;
     q.num_cached_blocks = num_full;
@@ -257,7 +252,7 @@ class BlockPool {
       return;
     }
     for (const int32_t b : table)
-      if (ref_counts_[size_t(b)] <= 0) throw std::logic_error("freeing a block already free");
+      if (blocks_[size_t(b)].ref <= 0) throw std::logic_error("freeing a block already free");
     if (preempted && !q.source.shared() && q.num_cached_blocks)
       q.cached_tables.emplace_back(table.begin(), table.begin() + q.num_cached_blocks);
     q.num_cached_blocks = 0;
@@ -265,9 +260,9 @@ class BlockPool {
     int32_t num_cached = 0;
     for (size_t i = table.size(); i-- > 0;) {
       const int32_t b = table[i];
-      if (--ref_counts_[size_t(b)]) continue;  // another request still holds it
-      owners_[size_t(b)] = kFreeOwner;
-      if (has_key_[size_t(b)]) {
+      if (--blocks_[size_t(b)].ref) continue;  // another request still holds it
+      blocks_[size_t(b)].owner = kFreeOwner;
+      if (blocks_[size_t(b)].has_key) {
         // Evictable: last in the queue, so cached blocks go least recently freed first.
         queue_.push_back(b);
         ++num_cached;
@@ -288,8 +283,7 @@ class BlockPool {
     if (num_free_blocks() != num_blocks_) return false;
     if (!caching_) return true;
     index_.clear();
-    has_key_.assign(has_key_.size(), 0);
-    private_.assign(private_.size(), 0);
+    for (BlockState& s : blocks_) s.has_key = s.is_private = 0;
     num_cached_free_ = 0;
     if (record_events && prefix_cache_events)
       events.record(kCacheReset, kNoSeq, num_blocks_, nullptr, 0, 0);
@@ -312,12 +306,12 @@ class BlockPool {
   void touch(const RequestBlocks& q, const int32_t* hits, int32_t n) {
     for (int32_t i = 0; i < n; ++i) {
       const size_t b = size_t(hits[i]);
-      if (ref_counts_[b] == 0) {
+      if (blocks_[b].ref == 0) {
         queue_.remove(hits[i]);
         --num_cached_free_;
-        owners_[b] = q.seq_id;
+        blocks_[b].owner = q.seq_id;
       }
-      ++ref_counts_[b];
+      ++blocks_[b].ref;
     }
   }
 
@@ -327,11 +321,11 @@ class BlockPool {
     evicted_keys_.clear();
     for (size_t i = 0; i < n; ++i) {
       const int32_t b = taken[i];
-      if (!has_key_[size_t(b)]) continue;
-      const int64_t key = block_keys_[size_t(b)];
-      has_key_[size_t(b)] = 0;
-      if (private_[size_t(b)]) {
-        private_[size_t(b)] = 0;
+      if (!blocks_[size_t(b)].has_key) continue;
+      const int64_t key = blocks_[size_t(b)].key;
+      blocks_[size_t(b)].has_key = 0;
+      if (blocks_[size_t(b)].is_private) {
+        blocks_[size_t(b)].is_private = 0;
       } else {
         index_.erase(key, b);
       }
@@ -363,8 +357,9 @@ class BlockPool {
       for (const auto& t : q.cached_tables) {
         if (size_t(i) >= t.size()) continue;
         const int32_t b = t[size_t(i)];
-        const bool ours = has_key_[size_t(b)] && private_[size_t(b)] && block_keys_[size_t(b)] == key;
-        if (ours && (best < 0 || cached_at_[size_t(b)] < cached_at_[size_t(best)])) best = b;
+        const BlockState& s = blocks_[size_t(b)];
+        const bool ours = s.has_key && s.is_private && s.key == key;
+        if (ours && (best < 0 || s.cached_at < blocks_[size_t(best)].cached_at)) best = b;
       }
       if (best < 0) return;
       hits.push_back(best);
@@ -376,12 +371,19 @@ class BlockPool {
   bool caching_;
   FreeQueue queue_;
   PrefixIndex index_;
-  std::vector<int32_t> ref_counts_;
-  std::vector<int64_t> owners_;      // seq_id holding the block first (kFreeOwner: free)
-  std::vector<int64_t> block_keys_;  // the key of a block that has one
-  std::vector<int64_t> cached_at_;   // a private block's place in caching order
-  std::vector<uint8_t> has_key_;     // cached: in the map, or private
-  std::vector<uint8_t> private_;     // cached outside the map (a unique prompt's)
+  // What the pool knows of one block, in one 32-byte record rather than six arrays: taking,
+  // caching and freeing a block read and write several of these together, and at small block
+  // sizes the blocks are scattered over a large pool, so one cache line per block instead of
+  // up to six is most of what these operations cost.
+  struct alignas(32) BlockState {
+    int64_t owner = kFreeOwner;  // seq_id holding the block first (kFreeOwner: free)
+    int64_t key = 0;             // the key of a block that has one
+    int64_t cached_at = 0;       // a private block's place in caching order
+    int32_t ref = 0;             // references held by requests
+    uint8_t has_key = 0;         // cached: in the map, or private
+    uint8_t is_private = 0;      // cached outside the map (a unique prompt's)
+  };
+  std::vector<BlockState> blocks_;  // by block id
   int64_t cache_clock_ = 0;
   int32_t num_cached_free_ = 0;
   int64_t num_evictions_ = 0;

@@ -61,12 +61,12 @@ class Column {
   }
 
   void push_back(T value) {
-    if (size_ == capacity_) reserve(capacity_ ? 2 * capacity_ : 1024);
+    if (size_ == capacity_) reserve(capacity_ ? 2 * capacity_ : std::max<size_t>(1024, hint_));
     data_[size_++] = value;
   }
 
   void append(const T* values, size_t n) {
-    if (size_ + n > capacity_) reserve(std::max(2 * capacity_, size_ + n));
+    if (size_ + n > capacity_) reserve(std::max({2 * capacity_, size_ + n, hint_}));
     for (size_t i = 0; i < n; ++i) data_[size_ + i] = values[i];
     size_ += n;
   }
@@ -76,6 +76,7 @@ class Column {
   T* release() {
     T* out = size_ ? data_ : nullptr;
     if (!size_) std::free(data_);
+    hint_ = size_;
     data_ = nullptr;
     size_ = capacity_ = 0;
     return out;
@@ -85,6 +86,11 @@ class Column {
   T* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;
+  // The size last released: an empty column's first growth goes straight to it, as a run's
+  // chunks are alike. Without it the block id and key columns (not reserved per chunk)
+  // regrew by doubling after every release, each realloc copying (~2% of the
+  // azure_llm_2023_conv block_size=1 run in perf).
+  size_t hint_ = 0;
 };
 
 class EventBuffer {
