@@ -20,7 +20,7 @@ from typing import Any
 
 import simpy
 
-from engine import Scheduler, SequenceStatus, StepKind
+from engine import BlockManager, Scheduler, SequenceStatus, StepKind
 from engine.compiled import load
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import Progress, Simulation
@@ -37,7 +37,7 @@ def compiled_v1_applies(scheduler: Scheduler, executor: Executor, fast: bool) ->
     return (
         fast
         and scheduler.is_v1
-        and type(scheduler.block_manager).__name__ == "BlockManager"
+        and type(scheduler.block_manager) is BlockManager  # not a contiguous allocator
         and type(executor) in (CostModelExecutor, LinearStepExecutor)
         and load() is not None
     )
@@ -98,9 +98,7 @@ class CompiledV1Simulation(Simulation):
         self._price = step_pricer(executor)
 
     def submit(self, request: Request) -> simpy.Event | None:
-        seq_id = len(self._submitted)
-        self._submitted.append(request)
-        self._seq_of_request[request.request_id] = seq_id
+        seq_id = self._register(request)
         core = self.core
         core.set_time(self.env._now)
         keys = self._key_source(request)
@@ -114,13 +112,7 @@ class CompiledV1Simulation(Simulation):
                 seq_id, request.prompt_tokens, keys[0], keys[1], request.output_tokens,
                 arrival, request.priority,
             )  # fmt: skip
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-        if not self._closed_loop:
-            return None
-        done = self.env.event()
-        self._done[seq_id] = done
-        return done
+        return self._submitted_event(seq_id)
 
     def abort(self, request_id: str) -> None:
         seq_id = self._seq_of_request.get(request_id)

@@ -178,10 +178,25 @@ class Simulation:
 
     # --- the two callbacks the workload processes use ---------------------------------------
 
-    def submit(self, request: Request) -> simpy.Event | None:
+    def _register(self, request: Request) -> int:
+        """Number ``request`` (its seq_id: its index among the submitted)."""
         seq_id = len(self._submitted)
         self._submitted.append(request)
         self._seq_of_request[request.request_id] = seq_id
+        return seq_id
+
+    def _submitted_event(self, seq_id: int) -> simpy.Event | None:
+        """Wake an idle engine; in a closed loop, the event the user waits on."""
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        if not self._closed_loop:
+            return None
+        done = self.env.event()
+        self._done[seq_id] = done
+        return done
+
+    def submit(self, request: Request) -> simpy.Event | None:
+        seq_id = self._register(request)
         prompt = (
             self._prompt_tokens_of(request)
             if self._prompt_tokens_of is not None
@@ -195,13 +210,7 @@ class Simulation:
         self.scheduler.add_request(
             Sequence(seq_id, prompt, params, float(self.env.now), request.priority, prefix=prefix)
         )
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-        if not self._closed_loop:
-            return None
-        done = self.env.event()
-        self._done[seq_id] = done
-        return done
+        return self._submitted_event(seq_id)
 
     def abort(self, request_id: str) -> None:
         seq_id = self._seq_of_request.get(request_id)
