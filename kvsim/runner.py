@@ -373,7 +373,7 @@ def simulate(
     block_states = (
         BlockStateTracker(num_blocks, track_states=False) if config.caches_prefixes() else None
     )
-    if block_states is not None:
+    if block_states is not None and not compiled:  # the compiled core follows them itself
         consumers.append(block_states.consume)
     keyed_chunks: KeyedChunks | None = None
     if writer is not None and not keyed:
@@ -384,7 +384,10 @@ def simulate(
             consume(cols, block_ids)
 
     options: dict[str, Any] = (
-        {"key_source": key_source}
+        {
+            "key_source": key_source,
+            "on_residency": block_states.add_folded if block_states is not None else None,
+        }
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}
     )

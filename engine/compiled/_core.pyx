@@ -40,6 +40,22 @@ cdef extern from "csrc/event_buffer.hpp" namespace "kvsim":
         Column[int64_t] block_hashes
 
 
+cdef extern from "csrc/residency.hpp" namespace "kvsim":
+    cdef cppclass CResidencyTracker "kvsim::ResidencyTracker":
+        CResidencyTracker(int32_t num_blocks) except +
+        void consume(const EventBuffer& ev) except +
+        void consume(
+            const int8_t* kind, const int32_t* count, const double* time,
+            const int32_t* blocks, size_t n
+        ) except +
+        Column[double] lifetime
+        Column[double] idle
+        Column[int64_t] life_ids
+        Column[double] reuse_gap
+        Column[int64_t] gap_ids
+        int64_t num_evictions
+
+
 cdef extern from "csrc/block_pool.hpp" namespace "kvsim":
     cdef cppclass RequestBlocks:
         int64_t seq_id
@@ -209,6 +225,67 @@ cdef tuple _take_events(EventBuffer* ev, size_t capacity):
     block_hashes = _owned_array(ev.block_hashes.release(), nh, "q", 8, np.int64)
     ev.reserve(capacity)  # the columns went with their arrays
     return columns, block_ids, block_hashes
+
+
+cdef tuple _take_residency(CResidencyTracker* r):
+    """(lifetime, idle, life_ids, reuse_gap, gap_ids, num_evictions): the samples since the
+    last take as owned numpy arrays (no copy), and the evictions so far."""
+    cdef size_t n = r.lifetime.size()
+    cdef size_t g = r.reuse_gap.size()
+    return (
+        _owned_array(r.lifetime.release(), n, "d", 8, np.float64),
+        _owned_array(r.idle.release(), n, "d", 8, np.float64),
+        _owned_array(r.life_ids.release(), n, "q", 8, np.int64),
+        _owned_array(r.reuse_gap.release(), g, "d", 8, np.float64),
+        _owned_array(r.gap_ids.release(), g, "q", 8, np.int64),
+        r.num_evictions,
+    )
+
+
+cdef class ResidencyTracker:
+    """vLLM's block residency samples and the eviction count from event columns
+    (csrc/residency.hpp): the compiled twin of kvsim/analysis/residency.py's
+    ResidencyCollector fold and BlockStateTracker's eviction count. V1Core tracks them
+    itself with ``track_residency``; this class feeds it columns, for tests."""
+
+    cdef CResidencyTracker* tracker
+    cdef int32_t num_blocks
+
+    def __cinit__(self, int32_t num_blocks):
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.tracker = new CResidencyTracker(num_blocks)
+        self.num_blocks = num_blocks
+
+    def __dealloc__(self):
+        del self.tracker
+
+    def consume(self, kind, num_blocks, time_s, block_ids):
+        """Events in order: EventRecorder's ``kind``, ``num_blocks`` and ``time_s`` columns
+        and the events' block ids, flattened."""
+        k = np.ascontiguousarray(kind, dtype=np.int8)
+        c = np.ascontiguousarray(num_blocks, dtype=np.int32)
+        t = np.ascontiguousarray(time_s, dtype=np.float64)
+        b = np.ascontiguousarray(block_ids, dtype=np.int32)
+        if not len(k) == len(c) == len(t):
+            raise ValueError("kind, num_blocks and time_s must be equally long")
+        if (c < 0).any() or int(c.sum()) != len(b):
+            raise ValueError(f"num_blocks must sum to the {len(b)} block ids")
+        if len(b) and (int(b.min()) < 0 or int(b.max()) >= self.num_blocks):
+            raise ValueError(f"block ids must be in [0, {self.num_blocks})")
+        cdef const int8_t[::1] kv = k
+        cdef const int32_t[::1] cv = c
+        cdef const double[::1] tv = t
+        cdef const int32_t[::1] bv = b
+        if len(k):
+            self.tracker.consume(
+                &kv[0], &cv[0], &tv[0], &bv[0] if len(b) else NULL, len(k)
+            )
+
+    def take(self):
+        """(lifetime, idle, life_ids, reuse_gap, gap_ids, num_evictions): the samples (s)
+        of the lives ended since the last take, with their ids, and the evictions so far."""
+        return _take_residency(self.tracker)
 
 
 cdef class BlockPool:
@@ -401,6 +478,7 @@ cdef class V1Core:
 
     cdef CV1Scheduler* core
     cdef size_t event_capacity
+    cdef CResidencyTracker* residency
 
     def __cinit__(
         self,
@@ -419,6 +497,7 @@ cdef class V1Core:
         cbool record_events=True,
         cbool prefix_cache_events=True,
         size_t event_capacity=0,
+        cbool track_residency=False,
     ):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -435,9 +514,12 @@ cdef class V1Core:
         self.core.pool().prefix_cache_events = prefix_cache_events
         self.event_capacity = event_capacity
         self.core.pool().events.reserve(event_capacity)
+        if track_residency:
+            self.residency = new CResidencyTracker(num_blocks)
 
     def __dealloc__(self):
         del self.core
+        del self.residency
 
     @classmethod
     def from_config(
@@ -618,9 +700,19 @@ cdef class V1Core:
     def num_events(self):
         return self.core.pool().events.size()
 
+    def take_residency(self):
+        """With ``track_residency``: ResidencyTracker.take of the events taken so far (the
+        samples of the lives they ended); None without it."""
+        if self.residency == NULL:
+            return None
+        return _take_residency(self.residency)
+
     def take_events(self):
         """As BlockPool.take_events, plus the STEP rows' columns (EventRecorder's
-        ``step_columns``)."""
+        ``step_columns``). With ``track_residency`` the events are first accounted for
+        the block residency samples (``take_residency``)."""
+        if self.residency != NULL:
+            self.residency.consume(self.core.pool().events)
         columns, block_ids, block_hashes = _take_events(
             &self.core.pool().events, self.event_capacity
         )

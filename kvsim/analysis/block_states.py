@@ -115,6 +115,24 @@ class BlockStateTracker:
         cached = np.cumsum(delta) + self._num_cached_free_before(delta)
         self._at_steps.append(cached[kind == EventKind.STEP])
 
+    def add_folded(
+        self,
+        lifetime: np.ndarray,
+        idle: np.ndarray,
+        life_ids: np.ndarray,
+        reuse_gap: np.ndarray,
+        gap_ids: np.ndarray,
+        num_evictions: int,
+    ) -> None:
+        """What the compiled core computed from its events instead of ``consume`` (a tracker
+        without ``track_states``): ``V1Core.take_residency()``'s samples of the lives ended
+        since its last take, and its evictions so far."""
+        if self.track_states:
+            raise ValueError("folded samples carry no block states (track_states=False)")
+        self.num_evictions = num_evictions
+        if self.keep_residency:
+            self.residency.add_lives(lifetime, idle, life_ids, reuse_gap, gap_ids)
+
     def _num_cached_free_before(self, delta: np.ndarray) -> int:
         # _num_cached_free is the count after the chunk; the chunk's cumsum starts before it
         return self._num_cached_free - int(delta.sum())

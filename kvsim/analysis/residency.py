@@ -193,6 +193,21 @@ class ResidencyCollector:
         if self._num_pending >= self.batch_rows:
             self._fold()
 
+    def add_lives(
+        self,
+        lifetime: np.ndarray,
+        idle: np.ndarray,
+        life_ids: np.ndarray,
+        reuse_gap: np.ndarray,
+        gap_ids: np.ndarray,
+    ) -> None:
+        """Samples of lives already followed elsewhere (the compiled core's ResidencyTracker,
+        engine/compiled/csrc/residency.hpp, which numbers them as ``add``'s rows would):
+        lifetime and idle seconds with their lives' ids, reuse gaps with theirs."""
+        self.lifetime.add(lifetime, life_ids)
+        self.idle.add(idle, life_ids)
+        self.reuse_gap.add(reuse_gap, gap_ids)
+
     def reset(self) -> None:
         self._fold()
         self._birth[:] = np.nan

@@ -80,8 +80,12 @@ class CompiledV1Simulation(Simulation):
         settings: Any,
         *,
         key_source: KeySource,
+        on_residency: Callable[..., None] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``on_residency``, if given, receives ``V1Core.take_residency()`` (the block
+        residency samples and evictions, BlockStateTracker.add_folded's arguments) each
+        time the core's events are taken."""
         super().__init__(requests, scheduler, executor, settings, **kwargs)
         core_module = load()
         assert core_module is not None, "check compiled_v1_applies first"
@@ -93,7 +97,9 @@ class CompiledV1Simulation(Simulation):
             bm.enable_prefix_caching,
             watermark=bm.watermark,
             prefix_cache_events=self.recorder.prefix_cache_events,
+            track_residency=on_residency is not None,
         )
+        self._on_residency = on_residency
         self._key_source = key_source
         self._price = step_pricer(executor)
 
@@ -131,6 +137,8 @@ class CompiledV1Simulation(Simulation):
     def _take_events(self, at_least: int) -> None:
         if self.core.num_events >= at_least:
             columns, block_ids, block_hashes, steps = self.core.take_events()
+            if self._on_residency is not None:
+                self._on_residency(*self.core.take_residency())
             self.recorder.add_chunk(columns, block_ids, steps, block_hashes)
 
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
