@@ -16,7 +16,9 @@ extensions = [
         # the C++ lives in headers: an edit there must rebuild the extension too
         depends=sorted(glob("engine/compiled/csrc/*.hpp")),
         language="c++",
-        extra_compile_args=["-O2", "-std=c++17"],
+        # no fused multiply-adds: the step prices (csrc/step_prices.hpp) must round as
+        # Python's float arithmetic does, operation by operation
+        extra_compile_args=["-O2", "-std=c++17", "-ffp-contract=off"],
         optional=True,
     )
 ]

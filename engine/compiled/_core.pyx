@@ -186,6 +186,57 @@ cdef extern from "csrc/v1_scheduler.hpp" namespace "kvsim":
         Column[int64_t] step_num_seqs
 
 
+cdef extern from "csrc/step_prices.hpp" namespace "kvsim":
+    cdef cppclass StepPrices:
+        cbool linear
+        double base_s
+        double per_token_s
+        vector[double] seq_table
+        vector[double] token_table
+        vector[double] decode_fixed
+        vector[double] decode_slope
+        vector[double] decode_base
+        double overhead
+        double walk
+        double walk_in_profile
+        double pre_fixed
+        double pre_seq
+        double pre_causal
+        double pre_cached
+        double pre_context
+        double pre_token
+
+
+cdef extern from "csrc/sim_loop.hpp" namespace "kvsim":
+    cdef cppclass CSimLoop "kvsim::SimLoop":
+        CSimLoop(CV1Scheduler* scheduler, StepPrices prices) except +
+        int32_t run(
+            double now, double next_due, int64_t report_at, size_t chunk_events,
+            cbool stop_on_finish
+        ) except +
+        void finish_pending(double now) except +
+        double now()
+        double pending_dt()
+        size_t num_steps()
+        vector[FinishedRecord] finished
+        Column[double] duration_s
+        Column[int64_t] filled_slots
+        Column[int64_t] num_running
+        Column[int64_t] cached_free_blocks
+        Column[int64_t] prefill_at
+        Column[int64_t] prefill_tokens
+
+
+# Why V1Core.run handed control back, by the value it returns (csrc/sim_loop.hpp's LoopOutcome).
+LOOP_OUTCOMES = ("idle", "wait", "pending", "finished", "events", "report")
+
+# The terms StepPrices reads from ``CostModel.step_price_terms()`` (scalars, then tables).
+_PRICE_SCALARS = (
+    "overhead", "walk", "walk_in_profile", "pre_fixed", "pre_seq", "pre_causal", "pre_cached",
+    "pre_context", "pre_token",
+)
+
+
 def tuple_hash(values):
     """``hash(tuple(values))`` of ints in the int64 range, computed by the C++ core (the
     prefix keys' hash, exposed so tests can hold it to Python's own)."""
@@ -479,6 +530,7 @@ cdef class V1Core:
     cdef CV1Scheduler* core
     cdef size_t event_capacity
     cdef CResidencyTracker* residency
+    cdef CSimLoop* loop
 
     def __cinit__(
         self,
@@ -518,6 +570,7 @@ cdef class V1Core:
             self.residency = new CResidencyTracker(num_blocks)
 
     def __dealloc__(self):
+        del self.loop
         del self.core
         del self.residency
 
@@ -699,6 +752,89 @@ cdef class V1Core:
     @property
     def num_events(self):
         return self.core.pool().events.size()
+
+    # --- the engine loop (csrc/sim_loop.hpp) ------------------------------------------------
+
+    def start_loop(self, prices):
+        """Price steps with ``prices``: ``{"linear": (base_s, per_token_s)}`` (--step-time's
+        clock) or ``CostModel.step_price_terms()``'s dict; then ``run`` steps the core."""
+        cdef StepPrices p
+        if "linear" in prices:
+            p.linear = True
+            p.base_s, p.per_token_s = prices["linear"]
+        else:
+            p.linear = False
+            p.seq_table = prices["seq_table"]
+            p.token_table = prices["token_table"]
+            p.decode_fixed = prices["decode_fixed"]
+            p.decode_slope = prices["decode_slope"]
+            p.decode_base = prices["decode_base"]
+            (p.overhead, p.walk, p.walk_in_profile, p.pre_fixed, p.pre_seq, p.pre_causal,
+             p.pre_cached, p.pre_context, p.pre_token) = [prices[n] for n in _PRICE_SCALARS]
+        del self.loop
+        self.loop = new CSimLoop(self.core, p)
+
+    cdef CSimLoop* _loop(self) except NULL:
+        if self.loop == NULL:
+            raise RuntimeError("call start_loop first")
+        return self.loop
+
+    def run(
+        self, double now, double next_due, int64_t report_at, size_t chunk_events,
+        cbool stop_on_finish,
+    ):
+        """Step from ``now`` while steps end before ``next_due`` (s); returns why it stopped
+        (LOOP_OUTCOMES' index; csrc/sim_loop.hpp)."""
+        return self._loop().run(now, next_due, report_at, chunk_events, stop_on_finish)
+
+    def finish_pending(self, double now):
+        """The pending step (``run`` returned ``pending``) ended at ``now``: update."""
+        self._loop().finish_pending(now)
+
+    @property
+    def loop_now(self):
+        return self._loop().now()
+
+    @property
+    def pending_dt(self):
+        return self._loop().pending_dt()
+
+    @property
+    def num_steps(self):
+        return self._loop().num_steps()
+
+    def take_finished(self):
+        """The requests finished since the last take, as ``update()`` gives them."""
+        cdef CSimLoop* loop = self._loop()
+        cdef size_t i
+        cdef list out = []
+        for i in range(loop.finished.size()):
+            if loop.finished[i].status == 3:  # FINISHED_LENGTH: the usual case
+                out.append((loop.finished[i].seq_id, _LENGTH, _LENGTH_REASON))
+            else:
+                out.append((
+                    loop.finished[i].seq_id, STATUS_VALUES[loop.finished[i].status],
+                    loop.finished[i].reason.decode(),
+                ))
+        loop.finished.clear()
+        return out
+
+    def take_step_records(self):
+        """The recorded steps' columns (duration_s, filled_slots, num_running,
+        cached_free_blocks, prefill_at, prefill_tokens) as numpy arrays; the loop keeps none."""
+        cdef CSimLoop* loop = self._loop()
+        cdef size_t n = loop.duration_s.size()
+        cdef size_t p = loop.prefill_at.size()
+        return {
+            "duration_s": _owned_array(loop.duration_s.release(), n, "d", 8, np.float64),
+            "filled_slots": _owned_array(loop.filled_slots.release(), n, "q", 8, np.int64),
+            "num_running": _owned_array(loop.num_running.release(), n, "q", 8, np.int64),
+            "cached_free_blocks": _owned_array(
+                loop.cached_free_blocks.release(), n, "q", 8, np.int64
+            ),
+            "prefill_at": _owned_array(loop.prefill_at.release(), p, "q", 8, np.int64),
+            "prefill_tokens": _owned_array(loop.prefill_tokens.release(), p, "q", 8, np.int64),
+        }
 
     def take_residency(self):
         """With ``track_residency``: ResidencyTracker.take of the events taken so far (the

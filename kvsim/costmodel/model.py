@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -261,6 +262,30 @@ class CostModel:
                 return base[num_seqs] + slope[num_seqs] * context_tokens + walk * num_blocks_walked
 
         return decode_step_time
+
+    def step_price_terms(self, max_num_seqs: int, max_num_batched_tokens: int) -> dict[str, Any]:
+        """What ``step_time_of`` and ``decode_step_time_fn`` read, for the compiled core's
+        step prices (engine/compiled/csrc/step_prices.hpp sums them in the same order): the
+        per-sequence and per-token tables, grown to cover ``max_num_seqs`` sequences and
+        ``max_num_batched_tokens`` tokens (seconds), and the scalar terms (seconds per unit)."""
+        self._grow_seqs_to(max_num_seqs)
+        self._token_at(max_num_batched_tokens)
+        return {
+            "seq_table": list(self._seq_table),
+            "token_table": list(self._token_table),
+            "decode_fixed": list(self._decode_fixed),
+            "decode_slope": list(self._decode_slope),
+            "decode_base": list(self._decode_base),
+            "overhead": self._overhead,
+            "walk": self._walk,
+            "walk_in_profile": self._walk_in_profile,
+            "pre_fixed": self._pre_fixed,
+            "pre_seq": self._pre_seq,
+            "pre_causal": self._pre_causal,
+            "pre_cached": self._pre_cached,
+            "pre_context": self._pre_context,
+            "pre_token": self._pre_token,
+        }
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """The terms of :meth:`step_time`, by name (seconds); they sum to step_time (up to

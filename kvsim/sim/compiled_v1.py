@@ -1,12 +1,16 @@
 """Cost mode's v1 runs on the compiled core (engine/compiled: V1Core), same results.
 
-``CompiledV1Simulation`` is the Simulation (kvsim/sim/simulation.py) with its scheduler and
-block pool in C++: the same simpy clock, workload processes and per-step records, but each
-step is one ``V1Core.schedule()`` and one ``update()`` call, and the step is priced from the
-eight counts the core returns, exactly as the executor prices a Python step
-(kvsim/sim/executor.py). The core's events are handed to the simulation's EventRecorder in
-chunks (``EventRecorder.add_chunk``), so every consumer of the event stream sees what the
-Python path would give it. tests/kvsim/test_compiled_runs.py compares whole runs.
+``CompiledV1Simulation`` is the Simulation (kvsim/sim/simulation.py) with its scheduler, block
+pool and engine loop in C++: the same simpy clock, workload processes and per-step records,
+but the steps between two simpy events (arrivals, cancellations, the ``--until`` stop) run
+inside the core (``V1Core.run``, csrc/sim_loop.hpp), each priced from the counts the core
+computes exactly as the executor prices a Python step (kvsim/sim/executor.py;
+csrc/step_prices.hpp). Python hears only of what its clock must see: a step that ends at or
+after the next simpy event, an idle engine, finished requests. The core's events are handed
+to the simulation's EventRecorder in chunks (``EventRecorder.add_chunk``), so every consumer
+of the event stream sees what the Python path would give it, and the core follows vLLM's
+block residency samples itself (csrc/residency.hpp). tests/kvsim/test_compiled_runs.py
+compares whole runs.
 
 It runs where ``compiled_v1_applies`` says so: v1, the fast path (placeholder tokens), paged
 KV, a cost-model or linear step clock, and the extension built (``engine.compiled.load()``;
@@ -15,21 +19,23 @@ KV, a cost-model or linear step clock, and the extension built (``engine.compile
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
 
-from engine import BlockManager, Scheduler, SequenceStatus, StepKind
+from engine import BlockManager, Scheduler, SequenceStatus
 from engine.compiled import load
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import Progress, Simulation
 from workloads import Request
 
-DECODE = int(StepKind.DECODE)
 REJECTED = SequenceStatus.FINISHED_REJECTED.value
+# V1Core.run's outcomes (csrc/sim_loop.hpp's LoopOutcome, _core.LOOP_OUTCOMES) that ask
+# the clock for something: sleep until an arrival, until woken, or wait for a pending step.
+IDLE, WAIT, PENDING = 0, 1, 2
 KeySource = Callable[[Request], tuple[list[int], int] | None]  # (hash_ids, hash_block_size)
-StepTuple = tuple[int, ...]
 
 
 def compiled_v1_applies(scheduler: Scheduler, executor: Executor, fast: bool) -> bool:
@@ -43,27 +49,13 @@ def compiled_v1_applies(scheduler: Scheduler, executor: Executor, fast: bool) ->
     )
 
 
-def step_pricer(executor: Executor) -> Callable[[StepTuple, Any], float]:
-    """``price(step, core)``: the step's seconds, as ``executor.execute`` gives them for the
-    same step of the Python scheduler (the same calls, so the same floats)."""
+def step_prices(executor: Executor, config: Any) -> dict[str, Any]:
+    """``V1Core.start_loop``'s prices: what ``executor.execute`` prices a step by, for the
+    compiled core to price the same step to the same float (csrc/step_prices.hpp)."""
     if isinstance(executor, LinearStepExecutor):
-        base, per_token = executor.base_s, executor.per_token_s
-
-        def linear(step: StepTuple, core: Any) -> float:
-            return base + per_token * step[1]
-
-        return linear
+        return {"linear": (executor.base_s, executor.per_token_s)}
     assert isinstance(executor, CostModelExecutor)
-    step_time_of, decode_step_time = executor._step_time_of, executor.decode_step_time
-
-    def cost_model(step: StepTuple, core: Any) -> float:
-        n = step[0]
-        if step[8] == DECODE and n == core.num_running:
-            # CostModelExecutor.step_time: every running sequence decodes
-            return decode_step_time(n, core.num_cached_tokens + n, step[7])
-        return step_time_of(*step[:8])
-
-    return cost_model
+    return executor.cost_model.step_price_terms(config.max_num_seqs, config.max_num_batched_tokens)
 
 
 class CompiledV1Simulation(Simulation):
@@ -101,7 +93,7 @@ class CompiledV1Simulation(Simulation):
         )
         self._on_residency = on_residency
         self._key_source = key_source
-        self._price = step_pricer(executor)
+        self.core.start_loop(step_prices(executor, scheduler.config))
 
     def submit(self, request: Request) -> simpy.Event | None:
         seq_id = self._register(request)
@@ -142,40 +134,43 @@ class CompiledV1Simulation(Simulation):
             self.recorder.add_chunk(columns, block_ids, steps, block_hashes)
 
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
-        env, core, price = self.env, self.core, self._price
-        durations, filled, running = self._durations, self._filled, self._running
-        cached_free = self._cached_free
-        prefill_at, prefill_tokens = self._prefill_at, self._prefill_tokens
+        """Simulation._engine_loop with the steps between two simpy events run by the core
+        (V1Core.run, csrc/sim_loop.hpp): Python is back only for what the clock must see."""
+        env, core = self.env, self.core
         chunk_size = self.recorder.chunk_size
+        report_every = self._progress_every if progress is not None else 0
+        stop_on_finish = self._closed_loop  # a finish lets a user send the next request
         while True:
-            if not core.has_unfinished():
+            report_at = core.num_steps + report_every if report_every else sys.maxsize
+            outcome = core.run(env._now, env.peek(), report_at, chunk_size, stop_on_finish)
+            env._now = core.loop_now  # the steps that ended before the next simpy event
+            if outcome == PENDING:
+                yield env.timeout(core.pending_dt)
+                core.finish_pending(env._now)
+            self._finished(core.take_finished())
+            self._take_events(chunk_size)
+            self._report(progress)
+            if outcome == IDLE:
                 if self._all_submitted:
                     return
                 self._wake = env.event()
                 yield self._wake
-                continue
-            core.set_time(env._now)
-            step = core.schedule()
-            if step[0] == 0:  # nothing scheduled (Simulation._engine_loop's is_empty)
-                self._finished(core.update())
-                if not step[10] and not step[11]:  # neither preempted nor rejected
-                    self._wake = env.event()
-                    yield self._wake
-                continue
-            dt = price(step, core)
-            if step[8] != DECODE:
-                prefill_at.append(len(durations))
-                prefill_tokens.append(step[9])
-            durations.append(dt)
-            filled.append(core.num_cached_tokens + step[1])
-            running.append(core.num_running)
-            if cached_free is not None:
-                cached_free.append(core.num_cached_free_blocks)
-            yield from self._advance_clock(dt)
-            core.set_time(env._now)
-            self._finished(core.update())
-            self._take_events(chunk_size)
-            self._report(progress)
+            elif outcome == WAIT:
+                self._wake = env.event()
+                yield self._wake
+
+    def _report(self, progress: Progress | None) -> None:
+        if progress is not None and self.core.num_steps >= self._next_progress:
+            self._next_progress = self.core.num_steps + self._progress_every
+            progress(self.env.now, self._num_done)
 
     def _before_flush(self) -> None:
         self._take_events(1)
+        steps = self.core.take_step_records()
+        self._durations.frombytes(steps["duration_s"].tobytes())
+        self._filled.frombytes(steps["filled_slots"].tobytes())
+        self._running.frombytes(steps["num_running"].tobytes())
+        assert self._cached_free is not None  # a v1 run's
+        self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
+        self._prefill_at.frombytes(steps["prefill_at"].tobytes())
+        self._prefill_tokens.frombytes(steps["prefill_tokens"].tobytes())

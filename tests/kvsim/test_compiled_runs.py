@@ -130,3 +130,37 @@ def test_session_ids_without_hash_ids_match(
     path = tmp_path / "sessions.jsonl"
     save_trace(Trace(name="sessions", hash_block_size=None, requests=requests), path)
     run_both(RunConfig(trace=str(path), num_blocks=400), tmp_path, monkeypatch)
+
+
+def test_steps_ending_exactly_at_an_arrival_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step takes 0.25 s and requests arrive on the half second: steps end exactly at
+    arrivals, which the core must leave to the simpy clock (a step only runs inside the core
+    when it ends strictly before the next simpy event)."""
+    requests = [
+        Request(
+            request_id=str(i),
+            arrival_time_s=0.5 * (i // 3),
+            prompt_tokens=30 + 7 * (i % 5),
+            output_tokens=3 + i % 4,
+            cancel_after_s=1.0 if i % 4 == 0 else None,
+        )
+        for i in range(90)
+    ]
+    path = tmp_path / "grid.jsonl"
+    save_trace(Trace(name="grid", hash_block_size=None, requests=requests), path)
+    config = RunConfig(trace=str(path), num_blocks=60, step_time="linear:0.25:0")
+    run_both(config, tmp_path, monkeypatch)
+
+
+def test_the_loop_outcomes_are_the_cores() -> None:
+    from engine.compiled import _core
+    from kvsim.sim import compiled_v1
+
+    names = ("idle", "wait", "pending")
+    assert [_core.LOOP_OUTCOMES.index(n) for n in names] == [
+        compiled_v1.IDLE,
+        compiled_v1.WAIT,
+        compiled_v1.PENDING,
+    ]
