@@ -386,7 +386,10 @@ def simulate(
     options: dict[str, Any] = (
         {
             "key_source": key_source,
-            "on_residency": block_states.add_folded if block_states is not None else None,
+            "on_residency": block_states.restore_compiled if block_states is not None else None,
+            "residency_sample": (1, 0)
+            if block_states is None
+            else (block_states.residency.capacity, block_states.residency.seed),
         }
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}

@@ -6,7 +6,7 @@ Nothing here decides anything: every rule lives in the C++ headers, so that a co
 scheduler can call them without Python in between. See docs/compiled.md.
 """
 
-from libc.stdint cimport int8_t, int32_t, int64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport free as c_free
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
@@ -40,19 +40,31 @@ cdef extern from "csrc/event_buffer.hpp" namespace "kvsim":
         Column[int64_t] block_hashes
 
 
+cdef extern from "csrc/sample_reservoir.hpp" namespace "kvsim":
+    cdef cppclass Sample "kvsim::SampleReservoir::Sample":
+        int64_t id
+        double value
+
+    cdef cppclass CSampleReservoir "kvsim::SampleReservoir":
+        void add(double value, int64_t id) except +
+        const vector[Sample]& samples() except +
+        int64_t count()
+        void sum_parts(
+            vector[int32_t]& exponents, vector[int64_t]& high, vector[uint64_t]& low
+        ) except +
+
+
 cdef extern from "csrc/residency.hpp" namespace "kvsim":
     cdef cppclass CResidencyTracker "kvsim::ResidencyTracker":
-        CResidencyTracker(int32_t num_blocks) except +
+        CResidencyTracker(int32_t num_blocks, size_t capacity, uint64_t seed) except +
         void consume(const EventBuffer& ev) except +
         void consume(
             const int8_t* kind, const int32_t* count, const double* time,
             const int32_t* blocks, size_t n
         ) except +
-        Column[double] lifetime
-        Column[double] idle
-        Column[int64_t] life_ids
-        Column[double] reuse_gap
-        Column[int64_t] gap_ids
+        CSampleReservoir lifetime
+        CSampleReservoir idle
+        CSampleReservoir reuse_gap
         int64_t num_evictions
 
 
@@ -278,19 +290,35 @@ cdef tuple _take_events(EventBuffer* ev, size_t capacity):
     return columns, block_ids, block_hashes
 
 
-cdef tuple _take_residency(CResidencyTracker* r):
-    """(lifetime, idle, life_ids, reuse_gap, gap_ids, num_evictions): the samples since the
-    last take as owned numpy arrays (no copy), and the evictions so far."""
-    cdef size_t n = r.lifetime.size()
-    cdef size_t g = r.reuse_gap.size()
-    return (
-        _owned_array(r.lifetime.release(), n, "d", 8, np.float64),
-        _owned_array(r.idle.release(), n, "d", 8, np.float64),
-        _owned_array(r.life_ids.release(), n, "q", 8, np.int64),
-        _owned_array(r.reuse_gap.release(), g, "d", 8, np.float64),
-        _owned_array(r.gap_ids.release(), g, "q", 8, np.int64),
-        r.num_evictions,
-    )
+cdef dict _reservoir_state(CSampleReservoir* r):
+    """A reservoir's kept values and their ids (in id order), how many values it was given
+    and their exact sum ({exponent k: integer n}: the values sum to the sum of n * 2**k)."""
+    cdef const vector[Sample]* kept = &r.samples()
+    cdef size_t n = kept.size()
+    cdef size_t i
+    values = np.empty(n, dtype=np.float64)
+    ids = np.empty(n, dtype=np.int64)
+    cdef double[::1] vv = values
+    cdef int64_t[::1] iv = ids
+    for i in range(n):
+        vv[i] = kept[0][i].value
+        iv[i] = kept[0][i].id
+    cdef vector[int32_t] exponents
+    cdef vector[int64_t] high
+    cdef vector[uint64_t] low
+    r.sum_parts(exponents, high, low)
+    sums = {int(exponents[i]): (int(high[i]) << 64) + int(low[i]) for i in range(exponents.size())}
+    return {"values": values, "ids": ids, "count": r.count(), "sum_by_exponent": sums}
+
+
+cdef dict _residency_state(CResidencyTracker* r):
+    """The three reservoirs' states (``_reservoir_state``) and the evictions so far."""
+    return {
+        "lifetime": _reservoir_state(&r.lifetime),
+        "idle": _reservoir_state(&r.idle),
+        "reuse_gap": _reservoir_state(&r.reuse_gap),
+        "num_evictions": r.num_evictions,
+    }
 
 
 cdef class ResidencyTracker:
@@ -302,10 +330,12 @@ cdef class ResidencyTracker:
     cdef CResidencyTracker* tracker
     cdef int32_t num_blocks
 
-    def __cinit__(self, int32_t num_blocks):
+    def __cinit__(self, int32_t num_blocks, size_t capacity, uint64_t seed):
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        self.tracker = new CResidencyTracker(num_blocks)
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.tracker = new CResidencyTracker(num_blocks, capacity, seed)
         self.num_blocks = num_blocks
 
     def __dealloc__(self):
@@ -333,10 +363,10 @@ cdef class ResidencyTracker:
                 &kv[0], &cv[0], &tv[0], &bv[0] if len(b) else NULL, len(k)
             )
 
-    def take(self):
-        """(lifetime, idle, life_ids, reuse_gap, gap_ids, num_evictions): the samples (s)
-        of the lives ended since the last take, with their ids, and the evictions so far."""
-        return _take_residency(self.tracker)
+    def state(self):
+        """``{"lifetime", "idle", "reuse_gap"}``: each reservoir's kept samples (s) with
+        their ids, count and exact sum; ``"num_evictions"``: the EVICT blocks so far."""
+        return _residency_state(self.tracker)
 
 
 cdef class BlockPool:
@@ -550,6 +580,8 @@ cdef class V1Core:
         cbool prefix_cache_events=True,
         size_t event_capacity=0,
         cbool track_residency=False,
+        size_t residency_capacity=1,
+        uint64_t residency_seed=0,
     ):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -567,7 +599,9 @@ cdef class V1Core:
         self.event_capacity = event_capacity
         self.core.pool().events.reserve(event_capacity)
         if track_residency:
-            self.residency = new CResidencyTracker(num_blocks)
+            if residency_capacity < 1:
+                raise ValueError(f"residency_capacity must be >= 1, got {residency_capacity}")
+            self.residency = new CResidencyTracker(num_blocks, residency_capacity, residency_seed)
 
     def __dealloc__(self):
         del self.loop
@@ -836,17 +870,17 @@ cdef class V1Core:
             "prefill_tokens": _owned_array(loop.prefill_tokens.release(), p, "q", 8, np.int64),
         }
 
-    def take_residency(self):
-        """With ``track_residency``: ResidencyTracker.take of the events taken so far (the
-        samples of the lives they ended); None without it."""
+    def residency_state(self):
+        """With ``track_residency``: ResidencyTracker.state of the events taken so far;
+        None without it."""
         if self.residency == NULL:
             return None
-        return _take_residency(self.residency)
+        return _residency_state(self.residency)
 
     def take_events(self):
         """As BlockPool.take_events, plus the STEP rows' columns (EventRecorder's
         ``step_columns``). With ``track_residency`` the events are first accounted for
-        the block residency samples (``take_residency``)."""
+        the block residency samples (``residency_state``)."""
         if self.residency != NULL:
             self.residency.consume(self.core.pool().events)
         columns, block_ids, block_hashes = _take_events(

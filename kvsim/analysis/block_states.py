@@ -22,6 +22,8 @@ gaps), for every block rather than vLLM's 1% sample, in bounded memory.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from engine import EventKind
@@ -115,23 +117,15 @@ class BlockStateTracker:
         cached = np.cumsum(delta) + self._num_cached_free_before(delta)
         self._at_steps.append(cached[kind == EventKind.STEP])
 
-    def add_folded(
-        self,
-        lifetime: np.ndarray,
-        idle: np.ndarray,
-        life_ids: np.ndarray,
-        reuse_gap: np.ndarray,
-        gap_ids: np.ndarray,
-        num_evictions: int,
-    ) -> None:
-        """What the compiled core computed from its events instead of ``consume`` (a tracker
-        without ``track_states``): ``V1Core.take_residency()``'s samples of the lives ended
-        since its last take, and its evictions so far."""
+    def restore_compiled(self, state: dict[str, Any]) -> None:
+        """What the compiled core computed from the whole run's events instead of
+        ``consume`` (a tracker without ``track_states``): ``V1Core.residency_state()``, its
+        eviction count and residency reservoirs (ResidencyCollector.restore)."""
         if self.track_states:
-            raise ValueError("folded samples carry no block states (track_states=False)")
-        self.num_evictions = num_evictions
+            raise ValueError("the compiled core follows no block states (track_states=False)")
+        self.num_evictions = int(state["num_evictions"])
         if self.keep_residency:
-            self.residency.add_lives(lifetime, idle, life_ids, reuse_gap, gap_ids)
+            self.residency.restore(state)
 
     def _num_cached_free_before(self, delta: np.ndarray) -> int:
         # _num_cached_free is the count after the chunk; the chunk's cumsum starts before it

@@ -23,6 +23,7 @@ an implementation detail that must not move a summary's last digit.
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +116,23 @@ class SampleReservoir:
         self._num_kept = 0  # values in _values (kept or candidates)
         self._threshold: int | None = None  # once sampling: priorities below it may stay
 
+    @classmethod
+    def restored(cls, capacity: int, seed: int, state: dict[str, Any]) -> SampleReservoir:
+        """A reservoir in the state another one reached (the compiled core's, which keeps the
+        same sample): its kept ``values`` and ``ids`` (at most ``capacity``, in id order),
+        ``count`` and ``sum_by_exponent`` (ExactSum's integers)."""
+        out = cls(capacity, seed)
+        values = np.asarray(state["values"], dtype=np.float64)
+        ids = np.asarray(state["ids"], dtype=np.int64)
+        if len(values) != len(ids) or len(values) > capacity:
+            raise ValueError(f"{len(values)} values, {len(ids)} ids for capacity {capacity}")
+        out.count = int(state["count"])
+        out._sum._by_exponent = dict(state["sum_by_exponent"])
+        out._values, out._ids, out._num_kept = [values], [ids], len(values)
+        if out.count > capacity:  # sampling: nothing beyond the kept priorities may enter
+            out._threshold = int(_priority(ids, seed).max())
+        return out
+
     def add(self, values: np.ndarray, ids: np.ndarray) -> None:
         if not len(values):
             return
@@ -171,6 +189,7 @@ class ResidencyCollector:
         are folded into the open lives."""
         self.num_blocks = num_blocks
         self.batch_rows = batch_rows
+        self.capacity, self.seed = capacity, _SEED
         # Each block's open life: its start (NaN: none) and its last accesses, right-aligned
         # in ``_history`` (the last ``_num_history`` columns hold them, oldest first).
         self._birth = np.full(num_blocks, np.nan)
@@ -193,20 +212,14 @@ class ResidencyCollector:
         if self._num_pending >= self.batch_rows:
             self._fold()
 
-    def add_lives(
-        self,
-        lifetime: np.ndarray,
-        idle: np.ndarray,
-        life_ids: np.ndarray,
-        reuse_gap: np.ndarray,
-        gap_ids: np.ndarray,
-    ) -> None:
-        """Samples of lives already followed elsewhere (the compiled core's ResidencyTracker,
-        engine/compiled/csrc/residency.hpp, which numbers them as ``add``'s rows would):
-        lifetime and idle seconds with their lives' ids, reuse gaps with theirs."""
-        self.lifetime.add(lifetime, life_ids)
-        self.idle.add(idle, life_ids)
-        self.reuse_gap.add(reuse_gap, gap_ids)
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take the reservoirs of a collector that read the whole run elsewhere: the compiled
+        core's ResidencyTracker (engine/compiled/csrc/residency.hpp, the same lives, ids and
+        bounded sample), whose ``state()`` gives each reservoir's kept samples, count and
+        exact sum. Rows added here before are dropped."""
+        self._pending, self._num_pending = [], 0
+        for name in ("lifetime", "idle", "reuse_gap"):
+            setattr(self, name, SampleReservoir.restored(self.capacity, self.seed, state[name]))
 
     def reset(self) -> None:
         self._fold()

@@ -72,12 +72,14 @@ class CompiledV1Simulation(Simulation):
         settings: Any,
         *,
         key_source: KeySource,
-        on_residency: Callable[..., None] | None = None,
+        on_residency: Callable[[dict[str, Any]], None] | None = None,
+        residency_sample: tuple[int, int] = (1, 0),
         **kwargs: Any,
     ) -> None:
-        """``on_residency``, if given, receives ``V1Core.take_residency()`` (the block
-        residency samples and evictions, BlockStateTracker.add_folded's arguments) each
-        time the core's events are taken."""
+        """``on_residency``, if given, receives ``V1Core.residency_state()`` once the run
+        ends (the eviction count and the block residency reservoirs, for
+        BlockStateTracker.restore_compiled); ``residency_sample``: the reservoirs' capacity
+        and seed (kvsim/analysis/residency.py's)."""
         super().__init__(requests, scheduler, executor, settings, **kwargs)
         core_module = load()
         assert core_module is not None, "check compiled_v1_applies first"
@@ -90,6 +92,8 @@ class CompiledV1Simulation(Simulation):
             watermark=bm.watermark,
             prefix_cache_events=self.recorder.prefix_cache_events,
             track_residency=on_residency is not None,
+            residency_capacity=residency_sample[0],
+            residency_seed=residency_sample[1],
         )
         self._on_residency = on_residency
         self._key_source = key_source
@@ -129,8 +133,6 @@ class CompiledV1Simulation(Simulation):
     def _take_events(self, at_least: int) -> None:
         if self.core.num_events >= at_least:
             columns, block_ids, block_hashes, steps = self.core.take_events()
-            if self._on_residency is not None:
-                self._on_residency(*self.core.take_residency())
             self.recorder.add_chunk(columns, block_ids, steps, block_hashes)
 
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
@@ -166,6 +168,8 @@ class CompiledV1Simulation(Simulation):
 
     def _before_flush(self) -> None:
         self._take_events(1)
+        if self._on_residency is not None:
+            self._on_residency(self.core.residency_state())
         steps = self.core.take_step_records()
         self._durations.frombytes(steps["duration_s"].tobytes())
         self._filled.frombytes(steps["filled_slots"].tobytes())

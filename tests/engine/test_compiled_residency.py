@@ -1,13 +1,15 @@
 """The compiled residency tracker (engine/compiled/csrc/residency.hpp) gives the Python
-collector's samples (kvsim/analysis/residency.py, fed by BlockStateTracker), id for id.
+collector's samples (kvsim/analysis/residency.py, fed by BlockStateTracker), id for id: the
+same kept sample, count, exact sum and distribution, and the same eviction count.
 
 Both read the same event stream, cut into chunks at different places: random streams with
 pops, hits, frees, evictions and cache resets, and the events of real compiled v1 runs
-(V1Core with ``track_residency``)."""
+(V1Core with ``track_residency``); small reservoirs make both sample."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,10 +17,12 @@ import pytest
 from engine import EventKind
 from engine.compiled import load
 from kvsim.analysis.block_states import BlockStateTracker
-from kvsim.analysis.residency import ResidencyCollector
+from kvsim.analysis.residency import _SEED as SEED
+from kvsim.analysis.residency import RESERVOIR_SIZE, ResidencyCollector
 
 core = load()
 pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not built")
+METRICS = ("lifetime", "idle", "reuse_gap")
 
 BLOCK_KINDS = [
     EventKind.ALLOCATE,
@@ -49,29 +53,46 @@ def cuts(rng: np.random.Generator, n: int) -> list[int]:
     return [0, *inner, n]
 
 
-def python_samples(stream: dict[str, np.ndarray], num_blocks: int, seed: int) -> tuple:
-    """BlockStateTracker's evictions and samples with ids, the stream fed in random chunks
-    and folded in small batches (lives carried from batch to batch)."""
+def python_samples(
+    stream: dict[str, np.ndarray], num_blocks: int, seed: int, capacity: int
+) -> dict[str, Any]:
+    """BlockStateTracker's evictions and reservoirs, the stream fed in random chunks and
+    folded in small batches (lives carried from batch to batch)."""
     tracker = BlockStateTracker(num_blocks, track_states=False)
-    tracker.residency = ResidencyCollector(num_blocks, batch_rows=int(seed % 7) * 5 + 3)
+    tracker.residency = ResidencyCollector(
+        num_blocks, capacity=capacity, batch_rows=int(seed % 7) * 5 + 3
+    )
     offsets = np.concatenate([[0], np.cumsum(stream["num_blocks"])])
     bounds = cuts(np.random.default_rng(seed), len(stream["kind"]))
     for lo, hi in itertools.pairwise(bounds):
         cols = {k: stream[k][lo:hi] for k in ("kind", "num_blocks", "time_s")}
         tracker.consume(cols, stream["block_ids"][offsets[lo] : offsets[hi]])
-    res = tracker.residency
-    res.samples()
-    out = [tracker.num_evictions]
-    for reservoir in (res.lifetime, res.idle, res.reuse_gap):
+    tracker.residency.samples()
+    return {"num_evictions": tracker.num_evictions, **reservoirs(tracker.residency)}
+
+
+def reservoirs(res: ResidencyCollector) -> dict[str, Any]:
+    out = {}
+    for name in METRICS:
+        reservoir = getattr(res, name)
         values = reservoir.values()
-        out += [values, reservoir._ids[0]]
-    return tuple(out)
+        out[name] = {
+            "values": values,
+            "ids": reservoir._ids[0],
+            "count": reservoir.count,
+            "sum_by_exponent": {k: v for k, v in reservoir._sum._by_exponent.items() if v},
+            "distribution": reservoir.distribution(),
+        }
+    return out
 
 
-def compiled_samples(stream: dict[str, np.ndarray], num_blocks: int, seed: int) -> tuple:
-    tracker = core.ResidencyTracker(num_blocks)
+def compiled_samples(
+    stream: dict[str, np.ndarray], num_blocks: int, seed: int, capacity: int
+) -> dict[str, Any]:
+    """The compiled tracker fed the stream in other chunks, its state restored into a Python
+    collector (what a compiled run's summary reads)."""
+    tracker = core.ResidencyTracker(num_blocks, capacity, SEED)
     offsets = np.concatenate([[0], np.cumsum(stream["num_blocks"])])
-    parts = []
     bounds = cuts(np.random.default_rng(seed + 1), len(stream["kind"]))
     for lo, hi in itertools.pairwise(bounds):
         tracker.consume(
@@ -80,33 +101,40 @@ def compiled_samples(stream: dict[str, np.ndarray], num_blocks: int, seed: int) 
             stream["time_s"][lo:hi],
             stream["block_ids"][offsets[lo] : offsets[hi]],
         )
-        parts.append(tracker.take())
-    return join(parts)
+    return restored(tracker.state(), num_blocks, capacity)
 
 
-def join(parts: list[tuple]) -> tuple:
-    lifetime, idle, life_ids, gaps, gap_ids = (
-        np.concatenate([p[i] for p in parts]) for i in range(5)
-    )
-    return parts[-1][5], lifetime, life_ids, idle, life_ids, gaps, gap_ids
+def restored(state: dict[str, Any], num_blocks: int, capacity: int) -> dict[str, Any]:
+    tracker = BlockStateTracker(num_blocks, track_states=False)
+    tracker.residency = ResidencyCollector(num_blocks, capacity=capacity)
+    tracker.restore_compiled(state)
+    return {"num_evictions": tracker.num_evictions, **reservoirs(tracker.residency)}
 
 
-def assert_same(got: tuple, want: tuple) -> None:
-    assert got[0] == want[0], "evictions"
-    names = ["lifetime", "lifetime ids", "idle", "idle ids", "reuse gap", "reuse gap ids"]
-    for name, g, w in zip(names, got[1:], want[1:]):
-        np.testing.assert_array_equal(g, w, err_msg=name)
+def assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert got["num_evictions"] == want["num_evictions"], "evictions"
+    for name in METRICS:
+        g, w = got[name], want[name]
+        assert g["count"] == w["count"], name
+        np.testing.assert_array_equal(g["ids"], w["ids"], err_msg=name)
+        np.testing.assert_array_equal(g["values"], w["values"], err_msg=name)
+        assert g["sum_by_exponent"] == w["sum_by_exponent"], name
+        assert g["distribution"] == w["distribution"], name
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_streams_give_the_python_samples(seed: int) -> None:
+    """Small reservoirs (capacity 40 or 300) sample; the default one keeps every value."""
     num_blocks = [1, 3, 8, 40][seed % 4]
+    capacity = [40, 300, RESERVOIR_SIZE][seed % 3]
     stream = random_stream(seed, 3000, num_blocks)
-    want = python_samples(stream, num_blocks, seed)
-    assert len(want[1]) > 50, "the stream must end lives"
+    want = python_samples(stream, num_blocks, seed, capacity)
+    assert want["lifetime"]["count"] > 50, "the stream must end lives"
     if num_blocks > 1:
-        assert len(want[5]) > 0, "and report reuse gaps"
-    assert_same(compiled_samples(stream, num_blocks, seed), want)
+        assert want["reuse_gap"]["count"] > 0, "and report reuse gaps"
+    if capacity == 40:
+        assert want["lifetime"]["count"] > capacity, "and sample"
+    assert_same(compiled_samples(stream, num_blocks, seed, capacity), want)
 
 
 def test_a_reset_ends_no_life_and_keeps_the_row_numbers() -> None:
@@ -116,20 +144,25 @@ def test_a_reset_ends_no_life_and_keeps_the_row_numbers() -> None:
     kinds = np.array([A, H, H, R, A, H, A], dtype=np.int8)
     counts = np.array([1, 1, 1, 0, 1, 1, 1], dtype=np.int32)
     times = np.array([0.0, 1.0, 3.0, 4.0, 5.0, 7.0, 10.0])
-    tracker = core.ResidencyTracker(1)
+    tracker = core.ResidencyTracker(1, 10, SEED)
     tracker.consume(kinds, counts, times, np.zeros(6, dtype=np.int32))
-    lifetime, idle, life_ids, gaps, _gap_ids, evictions = tracker.take()
-    assert lifetime.tolist() == [5.0] and idle.tolist() == [3.0] and life_ids.tolist() == [5]
-    assert gaps.tolist() == [] and evictions == 0
+    state = tracker.state()
+    assert state["lifetime"]["values"].tolist() == [5.0]
+    assert state["idle"]["values"].tolist() == [3.0]
+    assert state["lifetime"]["ids"].tolist() == [5]
+    assert state["lifetime"]["sum_by_exponent"] == {-50: 5 << 50}  # 5.0 = (5 * 2**50) * 2**-50
+    assert state["reuse_gap"]["count"] == 0 and state["num_evictions"] == 0
 
 
 def test_bad_columns_are_refused() -> None:
-    tracker = core.ResidencyTracker(2)
+    tracker = core.ResidencyTracker(2, 10, SEED)
     one = np.array([EventKind.ALLOCATE], dtype=np.int8)
     with pytest.raises(ValueError, match="block ids must be in"):
         tracker.consume(one, [1], [0.0], [2])
     with pytest.raises(ValueError, match="sum to"):
         tracker.consume(one, [2], [0.0], [1])
+    with pytest.raises(ValueError, match="capacity"):
+        core.ResidencyTracker(2, 0, SEED)
 
 
 @pytest.mark.parametrize(("block_size", "num_blocks"), [(16, 60), (1, 700), (4, 2000)])
@@ -137,8 +170,8 @@ def test_compiled_runs_give_the_python_samples(block_size: int, num_blocks: int)
     """A V1Core run's own tracking equals the Python collector over its taken events."""
     rng = np.random.default_rng(block_size)
     v1 = core.V1Core(num_blocks, block_size, True, max_num_seqs=16, max_num_batched_tokens=256,
-                     track_residency=True)  # fmt: skip
-    events, parts = [], []
+                     track_residency=True, residency_capacity=64, residency_seed=SEED)  # fmt: skip
+    events = []
     prompts = [list(range(int(rng.integers(1, 20)) * 8)) for _ in range(12)]
     for seq_id in range(150):
         shared = prompts[int(rng.integers(0, len(prompts)))]
@@ -151,13 +184,12 @@ def test_compiled_runs_give_the_python_samples(block_size: int, num_blocks: int)
             v1.update()
         cols, block_ids, _, _ = v1.take_events()
         events.append((cols, block_ids))
-        parts.append(v1.take_residency())
     stream = {
         "kind": np.concatenate([c["kind"] for c, _ in events]),
         "num_blocks": np.concatenate([c["num_blocks"] for c, _ in events]),
         "time_s": np.concatenate([c["time_s"] for c, _ in events]),
         "block_ids": np.concatenate([b for _, b in events]),
     }
-    want = python_samples(stream, num_blocks, block_size)
-    assert len(want[1]) > 20
-    assert_same(join(parts), want)
+    want = python_samples(stream, num_blocks, block_size, 64)
+    assert want["lifetime"]["count"] > 64, "the run must end more lives than the sample keeps"
+    assert_same(restored(v1.residency_state(), num_blocks, 64), want)

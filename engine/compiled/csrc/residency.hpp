@@ -14,8 +14,9 @@
 // accesses it remembers. A CACHE_RESET drops every open life unreported. Rows are numbered in
 // event order over the pop and hit rows alone; a life's sample id is the number of the row
 // that ended it (a gap's: that number times kHistory plus the gap's index), as the Python
-// collector numbers them, so that its reservoir keeps the same samples. tests/engine/
-// test_compiled_residency.py holds the two equal on random event streams.
+// collector numbers them, so that the reservoirs (sample_reservoir.hpp, the same bounded
+// sample as Python's) keep the same samples. tests/engine/test_compiled_residency.py holds
+// the two equal on random event streams and on compiled runs.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "event_buffer.hpp"
+#include "sample_reservoir.hpp"
 
 namespace kvsim {
 
@@ -30,7 +32,12 @@ class ResidencyTracker {
  public:
   static constexpr int kHistory = 4;  // vLLM's BlockMetricsState.access_history maxlen
 
-  explicit ResidencyTracker(int32_t num_blocks) : lives_(static_cast<size_t>(num_blocks)) {}
+  // ``capacity`` and ``seed``: each reservoir's (RESERVOIR_SIZE and _SEED in Python).
+  ResidencyTracker(int32_t num_blocks, size_t capacity, uint64_t seed)
+      : lifetime(capacity, seed),
+        idle(capacity, seed),
+        reuse_gap(capacity, seed),
+        lives_(static_cast<size_t>(num_blocks)) {}
 
   // Account every event in ``ev`` (call before its columns are released).
   void consume(const EventBuffer& ev) {
@@ -58,12 +65,10 @@ class ResidencyTracker {
     }
   }
 
-  // Samples of the lives ended since the columns were last released (seconds), with ids.
-  Column<double> lifetime;
-  Column<double> idle;
-  Column<int64_t> life_ids;  // one per lifetime / idle sample
-  Column<double> reuse_gap;
-  Column<int64_t> gap_ids;
+  // The samples of the lives ended so far (seconds), as ResidencyCollector's reservoirs.
+  SampleReservoir lifetime;
+  SampleReservoir idle;
+  SampleReservoir reuse_gap;
   int64_t num_evictions = 0;  // blocks whose key left the cache by reuse (EVICT rows)
 
  private:
@@ -81,13 +86,11 @@ class ResidencyTracker {
       const int64_t kept = std::min<int64_t>(life.num_hits, kHistory);
       const int64_t first = life.num_hits - kept;  // the oldest remembered access
       const double last = kept ? life.hits[(life.num_hits - 1) % kHistory] : life.birth;
-      lifetime.push_back(t - life.birth);
-      idle.push_back(t - last);
-      life_ids.push_back(row);
+      lifetime.add(t - life.birth, row);
+      idle.add(t - last, row);
       for (int64_t g = 1; g < kept; ++g) {
-        reuse_gap.push_back(life.hits[(first + g) % kHistory] -
-                            life.hits[(first + g - 1) % kHistory]);
-        gap_ids.push_back(row * kHistory + (g - 1));
+        reuse_gap.add(life.hits[(first + g) % kHistory] - life.hits[(first + g - 1) % kHistory],
+                      row * kHistory + (g - 1));
       }
     }
     life.open = true;
