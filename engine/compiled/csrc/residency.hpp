@@ -31,6 +31,7 @@ namespace kvsim {
 class ResidencyTracker {
  public:
   static constexpr int kHistory = 4;  // vLLM's BlockMetricsState.access_history maxlen
+  static constexpr int32_t kAhead = 8;  // blocks prefetched ahead
 
   // ``capacity`` and ``seed``: each reservoir's (RESERVOIR_SIZE and _SEED in Python).
   ResidencyTracker(int32_t num_blocks, size_t capacity, uint64_t seed)
@@ -53,7 +54,12 @@ class ResidencyTracker {
     for (size_t i = 0; i < n; ++i) {
       const int32_t k = kind[i], m = count[i];
       if (k == kAllocate || k == kAppendBlock) {
-        for (int32_t j = 0; j < m; ++j) pop(blocks[b + j], time[i]);
+        // The free queue hands out blocks in LRU order, scattered over a large table: ask
+        // for a life a few blocks ahead (block size 1, whole Azure conv: ~5% less CPU)
+        for (int32_t j = 0; j < m; ++j) {
+          if (j + kAhead < m) __builtin_prefetch(&lives_[size_t(blocks[b + j + kAhead])]);
+          pop(blocks[b + j], time[i]);
+        }
       } else if (k == kPrefixHit) {
         for (int32_t j = 0; j < m; ++j) hit(blocks[b + j], time[i]);
       } else if (k == kEvict) {

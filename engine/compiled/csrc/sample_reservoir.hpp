@@ -7,14 +7,15 @@
 // priority being splitmix64's finalizer of ``id ^ seed``: which values are kept depends only
 // on the set of ids, so the Python and compiled reservoirs, trimming at different moments,
 // keep the same ones. The sum is exact: each value's 53-bit integer mantissa is added to a
-// 128-bit integer per binary exponent (the Python ExactSum's dictionary), so the mean is the
+// 128-bit integer per binary exponent (the Python ExactSum's dictionary; 2**74 values of
+// one exponent before it could overflow), so the mean is the
 // correctly rounded mean of every value however they were added.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
+#include <array>
 #include <vector>
 
 namespace kvsim {
@@ -30,6 +31,7 @@ inline uint64_t sample_priority(int64_t id, uint64_t seed) {
 class SampleReservoir {
  public:
   struct Sample {
+    uint64_t priority;  // sample_priority(id, seed), kept so that a trim need not recompute it
     int64_t id;
     double value;
   };
@@ -39,17 +41,19 @@ class SampleReservoir {
   void add(double value, int64_t id) {
     ++count_;
     add_to_sum(value);
-    if (has_threshold_ && sample_priority(id, seed_) >= threshold_) return;
-    kept_.push_back({id, value});
-    if (kept_.size() > capacity_ + capacity_ / 4) trim();  // bounded slack, rare trims
+    const uint64_t priority = sample_priority(id, seed_);
+    if (has_threshold_ && priority >= threshold_) return;
+    kept_.push_back({priority, id, value});
+    if (kept_.size() > capacity_ + capacity_ / 2) trim();  // bounded slack, rare trims
   }
 
   // The kept values in the order of their ids (every value added, or past ``capacity`` the
   // sample); trims first.
   const std::vector<Sample>& samples() {
     trim();
-    std::sort(kept_.begin(), kept_.end(),
-              [](const Sample& a, const Sample& b) { return a.id < b.id; });
+    auto by_id = [](const Sample& a, const Sample& b) { return a.id < b.id; };
+    if (!std::is_sorted(kept_.begin(), kept_.end(), by_id))  // values come in id order
+      std::sort(kept_.begin(), kept_.end(), by_id);
     return kept_;
   }
 
@@ -59,8 +63,10 @@ class SampleReservoir {
   // Σ (high * 2**64 + low) * 2**k (high signed, low unsigned: a 128-bit integer in halves).
   void sum_parts(std::vector<int32_t>& exponents, std::vector<int64_t>& high,
                  std::vector<uint64_t>& low) const {
-    for (const auto& [k, total] : sums_) {
-      exponents.push_back(k);
+    for (size_t i = 0; i < sums_.size(); ++i) {
+      if (!sums_[i]) continue;
+      const __int128 total = sums_[i];
+      exponents.push_back(int32_t(i) + kMinExponent);
       high.push_back(static_cast<int64_t>(total >> 64));
       low.push_back(static_cast<uint64_t>(total));
     }
@@ -72,24 +78,26 @@ class SampleReservoir {
     int exponent = 0;
     const double mantissa = std::frexp(value, &exponent);
     const int64_t m = static_cast<int64_t>(mantissa * 9007199254740992.0);  // 2**53
-    if (m) sums_[exponent - 53] += m;
+    if (m) sums_[size_t(exponent - 53 - kMinExponent)] += m;
   }
 
+  // frexp's exponents of finite doubles lie in [-1073, 1024]: k = exponent - 53 indexes a flat
+  // table (a std::map lookup per value was a fifth of a block-size-1 run's residency time).
+  static constexpr int kMinExponent = -1073 - 53;
+  static constexpr size_t kNumExponents = 1024 - 53 - kMinExponent + 1;
+
   // SampleReservoir._trim: keep the ``capacity`` smallest priorities; the largest kept is
-  // the threshold later values must beat.
+  // the threshold later values must beat. (Python trims past 1.25 x capacity; trimming
+  // later, past 1.5 x, keeps the same sample with half the trims: a block-size-1 run ends
+  // tens of millions of lives.)
   void trim() {
     if (kept_.size() <= capacity_) return;
-    std::vector<std::pair<uint64_t, Sample>> ranked;
-    ranked.reserve(kept_.size());
-    for (const Sample& s : kept_) ranked.push_back({sample_priority(s.id, seed_), s});
-    auto by_priority = [](const auto& a, const auto& b) { return a.first < b.first; };
-    std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(capacity_) - 1,
-                     ranked.end(), by_priority);
-    ranked.resize(capacity_);
-    threshold_ = std::max_element(ranked.begin(), ranked.end(), by_priority)->first;
+    auto by_priority = [](const Sample& a, const Sample& b) { return a.priority < b.priority; };
+    const auto last = kept_.begin() + std::ptrdiff_t(capacity_) - 1;
+    std::nth_element(kept_.begin(), last, kept_.end(), by_priority);
+    threshold_ = last->priority;  // nth_element: nothing before it is larger
     has_threshold_ = true;
-    kept_.clear();
-    for (const auto& r : ranked) kept_.push_back(r.second);
+    kept_.resize(capacity_);
   }
 
   size_t capacity_;
@@ -98,7 +106,7 @@ class SampleReservoir {
   std::vector<Sample> kept_;
   bool has_threshold_ = false;
   uint64_t threshold_ = 0;
-  std::map<int, __int128> sums_;
+  std::array<__int128, kNumExponents> sums_{};
 };
 
 }  // namespace kvsim
