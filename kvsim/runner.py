@@ -366,7 +366,7 @@ def simulate(
             lambda seq_id: final_length(sim.submitted[seq_id], max_model_len),  # type: ignore[union-attr]
         )
     consumers: list[ChunkCallback] = []
-    if usage is not None:
+    if usage is not None and not compiled:  # the compiled core sums U itself
         consumers.append(usage.consume)
     # The evictions and vLLM's residency samples (the simulation counts the cached blocks
     # of each step itself); without prefix caching there are none.
@@ -390,6 +390,10 @@ def simulate(
             "residency_sample": (1, 0)
             if block_states is None
             else (block_states.residency.capacity, block_states.residency.seed),
+            "on_usage": usage.restore_compiled if usage is not None else None,
+            "final_length_of": (lambda r: final_length(r, max_model_len))
+            if usage is not None
+            else None,
         }
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}

@@ -68,6 +68,18 @@ cdef extern from "csrc/residency.hpp" namespace "kvsim":
         int64_t num_evictions
 
 
+cdef extern from "csrc/usage.hpp" namespace "kvsim":
+    cdef cppclass CUsageTracker "kvsim::UsageTracker":
+        CUsageTracker(int32_t block_size) except +
+        void set_final_length(int64_t seq_id, int64_t final_length) except +
+        void consume(const EventBuffer& ev) except +
+        void consume(
+            const int8_t* kind, const int32_t* seq_id, const int32_t* count, size_t n
+        ) except +
+        Column[int64_t] usable_at_steps
+        Column[int64_t] refs_at_steps
+
+
 cdef extern from "csrc/block_pool.hpp" namespace "kvsim":
     cdef cppclass RequestBlocks:
         int64_t seq_id
@@ -321,6 +333,53 @@ cdef dict _residency_state(CResidencyTracker* r):
     }
 
 
+cdef dict _usage_state(CUsageTracker* u):
+    """U and the held references at each STEP event consumed so far (the columns go with
+    the arrays: a later state holds only later steps)."""
+    cdef size_t n = u.usable_at_steps.size()
+    return {
+        "usable_at_steps": _owned_array(u.usable_at_steps.release(), n, "q", 8, np.int64),
+        "refs_at_steps": _owned_array(u.refs_at_steps.release(), n, "q", 8, np.int64),
+    }
+
+
+cdef class UsageTracker:
+    """U (Σ min(blocks held x block_size, T)) and the held references at every STEP event
+    (csrc/usage.hpp): the compiled twin of kvsim/analysis/kv_breakdown.py's
+    PagedUsageTracker. V1Core tracks them itself with ``track_usage``; this class feeds it
+    columns, for tests."""
+
+    cdef CUsageTracker* tracker
+
+    def __cinit__(self, int32_t block_size):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.tracker = new CUsageTracker(block_size)
+
+    def __dealloc__(self):
+        del self.tracker
+
+    def set_final_length(self, int64_t seq_id, int64_t final_length):
+        self.tracker.set_final_length(seq_id, final_length)
+
+    def consume(self, kind, seq_id, num_blocks):
+        """Events in order: EventRecorder's ``kind``, ``seq_id`` and ``num_blocks``."""
+        k = np.ascontiguousarray(kind, dtype=np.int8)
+        q = np.ascontiguousarray(seq_id, dtype=np.int32)
+        c = np.ascontiguousarray(num_blocks, dtype=np.int32)
+        if not len(k) == len(q) == len(c):
+            raise ValueError("kind, seq_id and num_blocks must be equally long")
+        cdef const int8_t[::1] kv = k
+        cdef const int32_t[::1] qv = q
+        cdef const int32_t[::1] cv = c
+        if len(k):
+            self.tracker.consume(&kv[0], &qv[0], &cv[0], len(k))
+
+    def state(self):
+        """``{"usable_at_steps", "refs_at_steps"}`` of the STEP events since the last state."""
+        return _usage_state(self.tracker)
+
+
 cdef class ResidencyTracker:
     """vLLM's block residency samples and the eviction count from event columns
     (csrc/residency.hpp): the compiled twin of kvsim/analysis/residency.py's
@@ -560,6 +619,7 @@ cdef class V1Core:
     cdef CV1Scheduler* core
     cdef size_t event_capacity
     cdef CResidencyTracker* residency
+    cdef CUsageTracker* usage
     cdef CSimLoop* loop
 
     def __cinit__(
@@ -582,6 +642,7 @@ cdef class V1Core:
         cbool track_residency=False,
         size_t residency_capacity=1,
         uint64_t residency_seed=0,
+        cbool track_usage=False,
     ):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -602,11 +663,14 @@ cdef class V1Core:
             if residency_capacity < 1:
                 raise ValueError(f"residency_capacity must be >= 1, got {residency_capacity}")
             self.residency = new CResidencyTracker(num_blocks, residency_capacity, residency_seed)
+        if track_usage:
+            self.usage = new CUsageTracker(block_size)
 
     def __dealloc__(self):
         del self.loop
         del self.core
         del self.residency
+        del self.usage
 
     @classmethod
     def from_config(
@@ -870,6 +934,20 @@ cdef class V1Core:
             "prefill_tokens": _owned_array(loop.prefill_tokens.release(), p, "q", 8, np.int64),
         }
 
+    def set_final_length(self, int64_t seq_id, int64_t final_length):
+        """With ``track_usage``: T of ``seq_id`` (tokens: its prompt and the tokens it
+        generates when it runs to its end), given before its first step."""
+        if self.usage == NULL:
+            raise RuntimeError("this core tracks no usage (track_usage=False)")
+        self.usage.set_final_length(seq_id, final_length)
+
+    def usage_state(self):
+        """With ``track_usage``: UsageTracker.state of the events taken so far; None
+        without it."""
+        if self.usage == NULL:
+            return None
+        return _usage_state(self.usage)
+
     def residency_state(self):
         """With ``track_residency``: ResidencyTracker.state of the events taken so far;
         None without it."""
@@ -883,6 +961,8 @@ cdef class V1Core:
         the block residency samples (``residency_state``)."""
         if self.residency != NULL:
             self.residency.consume(self.core.pool().events)
+        if self.usage != NULL:
+            self.usage.consume(self.core.pool().events)
         columns, block_ids, block_hashes = _take_events(
             &self.core.pool().events, self.event_capacity
         )

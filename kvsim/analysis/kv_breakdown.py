@@ -166,6 +166,13 @@ class PagedUsageTracker:
         out[order] = usable - before
         return out
 
+    def restore_compiled(self, state: dict[str, np.ndarray]) -> None:
+        """Take what the compiled core computed from the whole run's events instead of
+        ``consume`` (engine/compiled/csrc/usage.hpp, the same sums): ``V1Core.usage_state()``,
+        U and the held references at every STEP event."""
+        self._at_steps = [np.asarray(state["usable_at_steps"], dtype=np.int64)]
+        self._refs_at_steps = [np.asarray(state["refs_at_steps"], dtype=np.int64)]
+
     def usable_at_steps(self, num_steps: int) -> np.ndarray:
         """U at each of the first ``num_steps`` STEP events."""
         if not self._at_steps:

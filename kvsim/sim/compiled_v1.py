@@ -74,12 +74,19 @@ class CompiledV1Simulation(Simulation):
         key_source: KeySource,
         on_residency: Callable[[dict[str, Any]], None] | None = None,
         residency_sample: tuple[int, int] = (1, 0),
+        final_length_of: Callable[[Request], int] | None = None,
+        on_usage: Callable[[dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
         """``on_residency``, if given, receives ``V1Core.residency_state()`` once the run
         ends (the eviction count and the block residency reservoirs, for
         BlockStateTracker.restore_compiled); ``residency_sample``: the reservoirs' capacity
-        and seed (kvsim/analysis/residency.py's)."""
+        and seed (kvsim/analysis/residency.py's). ``on_usage``, if given, receives
+        ``V1Core.usage_state()`` once the run ends (U and the held references at each step,
+        for PagedUsageTracker.restore_compiled); ``final_length_of`` gives a request's T for
+        it (kvsim/analysis/kv_breakdown.py's final_length)."""
+        if (on_usage is None) != (final_length_of is None):
+            raise ValueError("on_usage and final_length_of go together")
         super().__init__(requests, scheduler, executor, settings, **kwargs)
         core_module = load()
         assert core_module is not None, "check compiled_v1_applies first"
@@ -94,7 +101,10 @@ class CompiledV1Simulation(Simulation):
             track_residency=on_residency is not None,
             residency_capacity=residency_sample[0],
             residency_seed=residency_sample[1],
+            track_usage=on_usage is not None,
         )
+        self._final_length_of = final_length_of
+        self._on_usage = on_usage
         self._on_residency = on_residency
         self._key_source = key_source
         self.core.start_loop(step_prices(executor, scheduler.config))
@@ -102,6 +112,8 @@ class CompiledV1Simulation(Simulation):
     def submit(self, request: Request) -> simpy.Event | None:
         seq_id = self._register(request)
         core = self.core
+        if self._final_length_of is not None:
+            core.set_final_length(seq_id, self._final_length_of(request))
         core.set_time(self.env._now)
         keys = self._key_source(request)
         arrival = float(self.env._now)
@@ -170,6 +182,8 @@ class CompiledV1Simulation(Simulation):
         self._take_events(1)
         if self._on_residency is not None:
             self._on_residency(self.core.residency_state())
+        if self._on_usage is not None:
+            self._on_usage(self.core.usage_state())
         steps = self.core.take_step_records()
         self._durations.frombytes(steps["duration_s"].tobytes())
         self._filled.frombytes(steps["filled_slots"].tobytes())
