@@ -9,6 +9,7 @@ placeholder id, and compares after every step what each decided and counts
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -93,14 +94,12 @@ class Pair:
         own = d % 4 == 0  # a part nobody shares after the shared one
         priority = b % 3 if setup["policy"] == "priority" else 0
         arrival = self.now - (a % 2)  # ties, and arrivals out of order
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         if kind == "tokens":
             base = self.token_bases[b % 3]
             prompt = (base * (1 + length // len(base)))[:length]
             if own:
                 prompt = prompt + [1000 + seq_id * 100 + j for j in range(1 + d % (bs + 1))]
-            seq = Sequence(seq_id, prompt, params, arrival, priority)
-            queued = self.core.add_token_request(seq_id, prompt, max_tokens, arrival, priority)
+            self.submit(seq_id, max_tokens, arrival, priority, tokens=prompt)
         else:
             hbs = setup["hash_block_size"]
             ids: list[int] = []
@@ -109,7 +108,30 @@ class Pair:
                 if own:
                     ids = ids + [seq_id * 10 + j for j in range(1 + d % 3)]
                     length += d % (2 * hbs)  # may run past the hashed tokens: unique keys
-            prefix = prefix_from_hash_ids(ids, hbs, length, bs)
+            self.submit(seq_id, max_tokens, arrival, priority, length=length, hash_ids=ids)
+
+    def submit(
+        self,
+        seq_id: int,
+        max_tokens: int,
+        arrival: float,
+        priority: int,
+        *,
+        tokens: list[int] | None = None,
+        length: int = 0,
+        hash_ids: list[int] | None = None,
+    ) -> None:
+        """Add one request to both: keyed by its token ids (``tokens``), else a ``length``-
+        token prompt keyed by ``hash_ids`` (at the setup's ``hash_block_size``), or unique
+        when there are none."""
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        if tokens is not None:
+            seq = Sequence(seq_id, tokens, params, arrival, priority)
+            queued = self.core.add_token_request(seq_id, tokens, max_tokens, arrival, priority)
+        else:
+            hbs = self.setup["hash_block_size"]
+            ids = hash_ids or []
+            prefix = prefix_from_hash_ids(ids, hbs, length, self.bs)
             seq = Sequence(seq_id, range(length), params, arrival, priority, prefix=prefix)
             queued = self.core.add_hash_id_request(
                 seq_id, length, ids, hbs, max_tokens, arrival, priority
@@ -121,8 +143,9 @@ class Pair:
         seq_id = a % max(self.next_id, 1)
         assert self.core.abort(seq_id) == self.py.abort(seq_id)
 
-    def step(self, mid: Op | None = None) -> None:
-        """One schedule / update on both; ``mid`` (an add or abort) runs between them."""
+    def step(self, mid: Op | Callable[[], None] | None = None) -> None:
+        """One schedule / update on both; ``mid`` (an add or abort, or a function that acts
+        on both) runs between them."""
         py, c = self.py, self.core
         self.num_steps += 1
         out = py.schedule()
@@ -141,7 +164,9 @@ class Pair:
         assert info == expected, (info, expected)
         assert info[8] == int(out.kind) and (info[0] == 0) == out.is_empty
         self.compare()
-        if mid is not None:
+        if callable(mid):
+            mid()
+        elif mid is not None:
             self.apply(mid)
         done = py.update(out, [TOKEN] * len(out.seqs))
         got = c.update()
@@ -174,7 +199,9 @@ class Pair:
 
     # --- comparisons ----------------------------------------------------------------------
 
-    def compare(self) -> None:
+    def compare(self, deep: bool | None = None) -> None:
+        """Counters and queues; with ``deep`` (default: the setup's, else every 64th step)
+        also every request's state and table, the free queue and the Python invariants."""
         py, c, bm = self.py, self.core, self.bm
         assert c.has_unfinished() == py.has_unfinished()
         assert (c.num_running, c.num_waiting) == (py.num_running, py.num_waiting)
@@ -185,7 +212,9 @@ class Pair:
             assert c.num_evictions == bm.num_evictions
         assert c.running() == [s.seq_id for s in py.running]
         assert c.waiting() == [s.seq_id for s in py.waiting]
-        if not self.setup["deep"] and self.num_steps % 64:
+        if deep is None:
+            deep = self.setup["deep"] or self.num_steps % 64 == 0
+        if not deep:
             return
         assert c.free_queue() == python_free_queue(bm)
         for seq in [*py.running, *py.waiting]:
