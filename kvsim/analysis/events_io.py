@@ -127,6 +127,24 @@ class EventsWriteError(KvsimError, RuntimeError):
 ROW_GROUP_ROWS = 1 << 18
 
 
+def parquet_options(column_names: list[str]) -> dict[str, object]:
+    """events.parquet's encodings, chosen per column (zstd over all): dictionaries where values
+    repeat across rows (kind, seq_id, num_tokens), DELTA_BINARY_PACKED where neighbours are
+    close or mostly 0 (block_id, free_blocks, block_hash), PLAIN where zstd alone does best
+    (time_s, step). Against a dictionary on every column, the whole Azure conversation trace's
+    6.5 M rows encode in ~17% less time and take 26 MB instead of 35 MB (per-column timings
+    in the issue 26 note). Only Parquet 2.x encodings every common reader decodes."""
+    delta = [n for n in ("block_id", "free_blocks", "block_hash") if n in column_names]
+    return {
+        "compression": "zstd",
+        "use_dictionary": [n for n in ("kind", "seq_id", "num_tokens") if n in column_names],
+        "column_encoding": {
+            **dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
+            **{n: "PLAIN" for n in ("time_s", "step") if n in column_names},
+        },
+    }
+
+
 class EventsParquetWriter:
     """Receives the recorder's chunks (``EventRecorder(on_chunk=writer.write_chunk)``) and
     appends them to one Parquet file, in order, in row groups of exactly ``ROW_GROUP_ROWS``
@@ -176,7 +194,9 @@ class EventsParquetWriter:
             raise ValueError("block keys must come with every chunk, or with none")
         table = exploded_table(cols, block_ids, hashes)
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
+            self._writer = pq.ParquetWriter(
+                self.path, table.schema, **parquet_options(table.column_names)
+            )
         self._held.append(table)
         self._num_held += table.num_rows
         if self._num_held >= ROW_GROUP_ROWS:
@@ -219,7 +239,7 @@ class EventsParquetWriter:
             empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
             none = np.empty(0, dtype=np.int64)
             table = exploded_table(empty, none, none if self.block_hashes else None)
-            pq.write_table(table, self.path, compression="zstd")
+            pq.write_table(table, self.path, **parquet_options(table.column_names))
             return
         self._writer.close()
         self._writer = None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvsim.analysis.events_io import parquet_options
 from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
@@ -85,7 +86,9 @@ def write_run_files(
         pq.write_table(table.to_arrow(), tmp / f"{name}.parquet", compression="zstd")
     events_file = tmp / "events.parquet"
     if result.events is not None:
-        result.events.to_parquet(events_file, index=False, compression="zstd")
+        result.events.to_parquet(
+            events_file, index=False, **parquet_options(list(result.events.columns))
+        )
     elif result.events_path is not None and Path(result.events_path) != events_file:
         shutil.move(result.events_path, events_file)
     # else: streamed into the folder already, or run(keep_events=False) kept no events.
