@@ -14,7 +14,7 @@ extensions = [
         "engine.compiled._core",
         sources=["engine/compiled/_core.pyx"],
         # the C++ lives in headers: an edit there must rebuild the extension too
-        depends=sorted(glob("engine/compiled/csrc/*.hpp")),
+        depends=sorted(glob("engine/compiled/csrc/*.hpp") + glob("engine/compiled/_*.pxi")),
         language="c++",
         # no fused multiply-adds: the step prices (csrc/step_prices.hpp) must round as
         # Python's float arithmetic does, operation by operation
