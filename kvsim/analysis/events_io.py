@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine import EventKind
+from engine.compiled import load
 from engine.core.events import EVENT_COLUMNS, EVENT_DTYPES, Columns, EventRecorder
 from kvsim.analysis.table import dictionary_array, numeric_array
 from kvsim.errors import KvsimError
@@ -52,6 +53,18 @@ def num_hashed_blocks(cols: Columns) -> int:
 
 
 def _exploded_columns(
+    cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Event columns as rows per (event, block): ``exploded_columns_numpy``, or its compiled
+    twin (``engine.compiled._core.explode_events``, the same arrays; it runs without the GIL,
+    so the writer thread does not hold up the simulation) where the extension is built."""
+    core = load()
+    if core is not None:
+        return core.explode_events(cols, block_ids, block_hashes)
+    return exploded_columns_numpy(cols, block_ids, block_hashes)
+
+
+def exploded_columns_numpy(
     cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
     """Event columns as rows per (event, block); events without blocks get block_id -1. The
