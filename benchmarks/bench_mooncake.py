@@ -1,6 +1,7 @@
 """The whole ``kvsim run`` process on the Mooncake FAST'25 conversation trace against vLLM
-0.33.0's own scheduler loop (issue 13's bar: kvsim at least 5x faster than the reference's
-``loop_s`` on the same trace and pool, measured in one benchmark run).
+0.33.0's own scheduler loop, on the same trace and pool, measured in one benchmark run. The
+bar is issue 26's: kvsim's v1 process at least 30x faster than the reference's ``loop_s``
+(issue 13's earlier 5x bar is printed beside it).
 
 In one run, in turns:
 
@@ -42,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "workloads" / "traces"
 NUM_BLOCKS = 200_000  # kvsim's usable blocks; the reference gets one more (its null block)
 POOL = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-model-len", "200000"]
-TARGET = 5.0  # kvsim's process at least 5x faster than the reference's loop_s
+# kvsim's v1 process at least this many times faster than the reference's loop_s
+TARGETS = {"issue 26": 30.0, "issue 13": 5.0}
 
 
 def kvsim_command(trace: str, out: Path, scheduler: str) -> list[str]:
@@ -136,11 +138,13 @@ def main() -> None:
         f"{measured}{ref_note}"
     )
     ratio = loop / medians["v1"]
-    verdict = "meets" if ratio >= TARGET else "MISSES"
     print(
-        f"  kvsim v1 process {ratio:.1f}x faster than the reference loop "
-        f"({verdict} the {TARGET:.0f}x bar); classic {loop / medians['classic']:.1f}x"
+        f"  kvsim v1 process {ratio:.1f}x faster than the reference loop; "
+        f"classic {loop / medians['classic']:.1f}x"
     )
+    for issue, target in TARGETS.items():
+        verdict = "meets" if ratio >= target else "MISSES"
+        print(f"    {issue}'s {target:.0f}x bar: {verdict} ({ratio / target:.2f} of it)")
 
 
 if __name__ == "__main__":
