@@ -4,6 +4,7 @@ After every rule the BlockManager's invariants hold; when nothing is unfinished,
 is free; every sequence ends in a finished state with a token count its limits allow.
 """
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -107,6 +108,16 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
+    max_examples=40, stateful_step_count=40, deadline=None
 )
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+class FullSchedulerMachine(SchedulerMachine):
+    """SchedulerMachine at full strength (-m slow)."""
+
+
+FullSchedulerMachine.TestCase.settings = settings(
+    SchedulerMachine.TestCase.settings, max_examples=150
+)
+TestSchedulerMachineAtFullStrength = pytest.mark.slow(FullSchedulerMachine.TestCase)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -39,11 +40,31 @@ def assert_same_outcomes(fast: list[Any], plain: list[Any]) -> None:
         )  # fmt: skip
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each property runs a quick sample of examples by default, and the full count in its
+# ..._at_full_strength twin under -m slow.
+QUICK = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FULL = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FULL_150 = settings(FULL, max_examples=150)
+
+
+@QUICK
 @given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
 def test_fast_v1_matches_the_plain_v1_scheduler(
     ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
 ) -> None:
+    fast_v1_matches(ops, setup)
+
+
+@pytest.mark.slow
+@FULL
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+def test_fast_v1_matches_the_plain_v1_scheduler_at_full_strength(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    fast_v1_matches(ops, setup)
+
+
+def fast_v1_matches(ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]) -> None:
     plain = drive(False, ops, setup, check=True)
     fast = drive(True, ops, setup, check=True)
     assert fast.trace == plain.trace
@@ -91,13 +112,27 @@ REJECTED_ONCE_EVICTED = (
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@QUICK
 @given(case=pressure(), events=st.booleans())
 @example(case=REJECTED_ONCE_EVICTED, events=False)
 def test_fast_v1_preempts_as_the_plain_running_pass_does(
     case: tuple[list[tuple[str, int, int, int, int]], dict[str, Any]], events: bool
 ) -> None:
-    ops, setup = case
+    fast_v1_preempts_alike(*case, events)
+
+
+@pytest.mark.slow
+@FULL_150
+@given(case=pressure(), events=st.booleans())
+def test_fast_v1_preempts_as_the_plain_running_pass_does_at_full_strength(
+    case: tuple[list[tuple[str, int, int, int, int]], dict[str, Any]], events: bool
+) -> None:
+    fast_v1_preempts_alike(*case, events)
+
+
+def fast_v1_preempts_alike(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], events: bool
+) -> None:
     plain = drive(False, ops, setup, check=True, events=events)
     fast = drive(True, ops, setup, check=True, events=events)
     assert fast.trace == plain.trace
@@ -116,13 +151,28 @@ UNIQUE_BS4 = {
 }  # fmt: skip
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@QUICK
 @given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
 # aborted in the plain step whose token fills its second block
 @example(
     ops=[("add", 0, 1, 30, 0), ("step", 1, 0, 0, 0), ("run_abort", 3, 0, 0, 0)], setup=UNIQUE_BS4
 )
 def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    fast_v1_without_a_sink_matches(ops, setup)
+
+
+@pytest.mark.slow
+@FULL
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler_at_full_strength(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    fast_v1_without_a_sink_matches(ops, setup)
+
+
+def fast_v1_without_a_sink_matches(
     ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
 ) -> None:
     # With no sink the engine takes cheaper routes (a unique prompt's caching deferred to
@@ -138,7 +188,7 @@ def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
     assert pool_state(plain.scheduler.block_manager) == pool_state(recorded.scheduler.block_manager)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@QUICK
 @given(ops=st.lists(op, min_size=2, max_size=40), setup=v1_setups(), at=st.integers(1, 39))
 # attached after plain steps that filled a block, before a step that fills the next
 @example(
@@ -147,6 +197,21 @@ def test_fast_v1_without_an_event_sink_matches_the_plain_v1_scheduler(
     at=3,
 )
 def test_an_event_sink_attached_mid_run_sees_the_pool_of_a_recorded_run(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], at: int
+) -> None:
+    late_sink_sees_the_recorded_pool(ops, setup, at)
+
+
+@pytest.mark.slow
+@FULL_150
+@given(ops=st.lists(op, min_size=2, max_size=40), setup=v1_setups(), at=st.integers(1, 39))
+def test_an_event_sink_attached_mid_run_sees_the_pool_of_a_recorded_run_at_full_strength(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], at: int
+) -> None:
+    late_sink_sees_the_recorded_pool(ops, setup, at)
+
+
+def late_sink_sees_the_recorded_pool(
     ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any], at: int
 ) -> None:
     # Blocks cached with no sink get their keys and counts before a sink sees them; the
@@ -169,9 +234,24 @@ def test_an_event_sink_attached_mid_run_sees_the_pool_of_a_recorded_run(
         assert recorded.block_hashes[len(recorded.block_hashes) - num_keys :] == late.block_hashes
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@QUICK
 @given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
 def test_every_request_ends_and_outputs_are_consistent(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    every_request_ends_consistently(ops, setup)
+
+
+@pytest.mark.slow
+@FULL_150
+@given(ops=st.lists(op, min_size=1, max_size=40), setup=v1_setups())
+def test_every_request_ends_and_outputs_are_consistent_at_full_strength(
+    ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
+) -> None:
+    every_request_ends_consistently(ops, setup)
+
+
+def every_request_ends_consistently(
     ops: list[tuple[str, int, int, int, int]], setup: dict[str, Any]
 ) -> None:
     result = drive(False, ops, setup, check=True)
@@ -281,7 +361,15 @@ class V1Machine(RuleBasedStateMachine):
 
 
 V1Machine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None,
+    max_examples=20, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 TestV1Machine = V1Machine.TestCase
+
+
+class FullV1Machine(V1Machine):
+    """V1Machine at full strength (-m slow)."""
+
+
+FullV1Machine.TestCase.settings = settings(V1Machine.TestCase.settings, max_examples=60)
+TestV1MachineAtFullStrength = pytest.mark.slow(FullV1Machine.TestCase)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from frame_equality import assert_frame_equal
 
 from engine import EventKind, EventRecorder
 from kvsim.analysis.events_io import EventsParquetWriter, EventsWriteError, exploded_frame
@@ -29,7 +30,7 @@ def test_streamed_file_holds_every_chunk_in_order(tmp_path: Path) -> None:
     record_some(kept, 100)
     expected = exploded_frame(*kept.columns())
     got = pd.read_parquet(tmp_path / "events.parquet")
-    pd.testing.assert_frame_equal(got, expected)
+    assert_frame_equal(got, expected)
     assert writer.num_rows == 200
 
 

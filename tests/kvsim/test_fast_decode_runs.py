@@ -1,7 +1,7 @@
 """The FastDecodeScheduler must give exactly what the plain Scheduler gives, end to end."""
 
-import pandas as pd
 import pytest
+from frame_equality import assert_frame_equal
 
 from kvsim.config import RunConfig
 from kvsim.runner import run
@@ -24,7 +24,7 @@ def assert_identical_summaries(a: dict, b: dict) -> None:
 
 def assert_identical(a, b) -> None:
     for table in ("events", "steps", "requests"):
-        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+        assert_frame_equal(getattr(a, table), getattr(b, table))
     assert_identical_summaries(a.summary, b.summary)
 
 
@@ -70,8 +70,8 @@ def test_a_run_that_keeps_no_events_measures_the_same(tmp_path):
     kept = run(config)
     lean = run(config, keep_events=False)
     assert lean.events is None and lean.events_path is None
-    pd.testing.assert_frame_equal(kept.steps, lean.steps)
-    pd.testing.assert_frame_equal(kept.requests, lean.requests)
+    assert_frame_equal(kept.steps, lean.steps)
+    assert_frame_equal(kept.requests, lean.requests)
     assert_identical_summaries(kept.summary, lean.summary)
     from kvsim.outputs.run_folder import write_run
 

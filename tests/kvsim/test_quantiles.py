@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -26,23 +27,59 @@ def same_bits(a: float | np.ndarray, b: float | np.ndarray) -> bool:
     return np.asarray(a, dtype=np.float64).tobytes() == np.asarray(b, dtype=np.float64).tobytes()
 
 
-@settings(max_examples=400, deadline=None)
-@given(samples, st.lists(st.floats(0, 100), min_size=1, max_size=4))
-def test_percentiles_equal_numpys(values: np.ndarray, ps: list[float]) -> None:
+# Each property runs 100 examples by default; its ..._at_full_strength twin (-m slow) 400.
+QUICK = settings(max_examples=100, deadline=None)
+FULL = settings(max_examples=400, deadline=None)
+
+
+def percentiles_equal_numpys(values: np.ndarray, ps: list[float]) -> None:
     before = values.copy()
     assert same_bits(percentiles(values, ps), np.percentile(values, ps))
     assert same_bits(values, before)  # the input is not reordered
 
 
-@settings(max_examples=400, deadline=None)
+@QUICK
+@given(samples, st.lists(st.floats(0, 100), min_size=1, max_size=4))
+def test_percentiles_equal_numpys(values: np.ndarray, ps: list[float]) -> None:
+    percentiles_equal_numpys(values, ps)
+
+
+@pytest.mark.slow
+@FULL
+@given(samples, st.lists(st.floats(0, 100), min_size=1, max_size=4))
+def test_percentiles_equal_numpys_at_full_strength(values: np.ndarray, ps: list[float]) -> None:
+    percentiles_equal_numpys(values, ps)
+
+
+@QUICK
 @given(samples)
 def test_median_equals_numpys(values: np.ndarray) -> None:
     assert same_bits(median(values), np.median(values))
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.slow
+@FULL
+@given(samples)
+def test_median_equals_numpys_at_full_strength(values: np.ndarray) -> None:
+    assert same_bits(median(values), np.median(values))
+
+
+@QUICK
 @given(samples, st.data())
 def test_median_skips_nan_as_nanmedian(values: np.ndarray, data: st.DataObject) -> None:
+    median_skips_nan_as_nanmedian(values, data)
+
+
+@pytest.mark.slow
+@settings(FULL, max_examples=300)
+@given(samples, st.data())
+def test_median_skips_nan_as_nanmedian_at_full_strength(
+    values: np.ndarray, data: st.DataObject
+) -> None:
+    median_skips_nan_as_nanmedian(values, data)
+
+
+def median_skips_nan_as_nanmedian(values: np.ndarray, data: st.DataObject) -> None:
     holes = data.draw(arrays(np.bool_, len(values)))
     values = values.copy()
     values[holes] = np.nan

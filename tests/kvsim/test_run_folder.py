@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from frame_equality import assert_frame_equal
 
 import kvsim.plots
 from kvsim.atomic import OutputError
@@ -37,13 +38,13 @@ def test_read_run_returns_what_write_run_wrote(short_run: RunResult, tmp_path: P
     assert back.resolved == short_run.resolved
     assert back.summary == short_run.summary
     for name in ("requests", "steps", "events"):
-        pd.testing.assert_frame_equal(getattr(back, name), getattr(short_run, name))
+        assert_frame_equal(getattr(back, name), getattr(short_run, name))
 
 
 def test_config_json_reruns_the_same_simulation(short_run: RunResult, tmp_path: Path) -> None:
     out = write_run(short_run, tmp_path / "run", plots=False)
     again = run(RunConfig.load(out / "config.json"))
-    pd.testing.assert_frame_equal(again.events, short_run.events)
+    assert_frame_equal(again.events, short_run.events)
 
 
 def test_summary_json_is_strict_json(short_run: RunResult, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from frame_equality import assert_frame_equal
 
 from kvsim.sweep.execute import run_sweep
 from kvsim.sweep.table import WALL_COLUMNS, SweepResult
@@ -26,13 +27,13 @@ def serial(tiny_trace: str, tmp_path_factory: pytest.TempPathFactory) -> SweepRe
 
 
 def assert_same_sweep(a: SweepResult, b: SweepResult) -> None:
-    pd.testing.assert_frame_equal(
+    assert_frame_equal(
         a.table.drop(columns=list(WALL_COLUMNS)), b.table.drop(columns=list(WALL_COLUMNS))
     )
     assert (a.table["status"] == "ok").all()
     for folder in a.table["folder"]:
         for name in ("requests.parquet", "steps.parquet", "events.parquet"):
-            pd.testing.assert_frame_equal(
+            assert_frame_equal(
                 pd.read_parquet(a.path / "points" / folder / name),
                 pd.read_parquet(b.path / "points" / folder / name),
             )

@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from frame_equality import assert_frame_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +74,7 @@ def test_arrow_is_what_pa_array_makes_of_the_columns(table: Table) -> None:
 def test_a_written_table_reads_back_as_its_dataframe(table: Table, tmp_path_factory) -> None:
     path = Path(tmp_path_factory.mktemp("t")) / "t.parquet"
     pq.write_table(table.to_arrow(), path, compression="zstd")
-    pd.testing.assert_frame_equal(pd.read_parquet(path), table.to_pandas())
+    assert_frame_equal(pd.read_parquet(path), table.to_pandas())
 
 
 def test_an_empty_table_keeps_its_types() -> None:
