@@ -32,7 +32,7 @@ cdef extern from "csrc/sample_reservoir.hpp" namespace "kvsim":
 
     cdef cppclass CSampleReservoir "kvsim::SampleReservoir":
         void add(double value, int64_t id) except +
-        const vector[Sample]& samples() except +
+        const vector[Sample]& samples() except + nogil
         int64_t count()
         void sum_parts(
             vector[int32_t]& exponents, vector[int64_t]& high, vector[uint64_t]& low
@@ -42,7 +42,7 @@ cdef extern from "csrc/sample_reservoir.hpp" namespace "kvsim":
 cdef extern from "csrc/residency.hpp" namespace "kvsim":
     cdef cppclass CResidencyTracker "kvsim::ResidencyTracker":
         CResidencyTracker(int32_t num_blocks, size_t capacity, uint64_t seed) except +
-        void consume(const EventBuffer& ev) except +
+        void consume(const EventBuffer& ev) except + nogil
         void consume(
             const int8_t* kind, const int32_t* count, const double* time,
             const int32_t* blocks, size_t n
@@ -57,7 +57,7 @@ cdef extern from "csrc/usage.hpp" namespace "kvsim":
     cdef cppclass CUsageTracker "kvsim::UsageTracker":
         CUsageTracker(int32_t block_size) except +
         void set_final_length(int64_t seq_id, int64_t final_length) except +
-        void consume(const EventBuffer& ev) except +
+        void consume(const EventBuffer& ev) except + nogil
         void consume(
             const int8_t* kind, const int32_t* seq_id, const int32_t* count, size_t n
         ) except +
@@ -222,8 +222,8 @@ cdef extern from "csrc/sim_loop.hpp" namespace "kvsim":
         int32_t run(
             double now, double next_due, int64_t report_at, size_t chunk_events,
             cbool stop_on_finish
-        ) except +
-        void finish_pending(double now) except +
+        ) except + nogil
+        void finish_pending(double now) except + nogil
         double now()
         double pending_dt()
         size_t num_steps()

@@ -4,7 +4,9 @@
 cdef dict _reservoir_state(CSampleReservoir* r):
     """A reservoir's kept values and their ids (in id order), how many values it was given
     and their exact sum ({exponent k: integer n}: the values sum to the sum of n * 2**k)."""
-    cdef const vector[Sample]* kept = &r.samples()
+    cdef const vector[Sample]* kept
+    with nogil:  # the sort of a few million samples
+        kept = &r.samples()
     cdef size_t n = kept.size()
     cdef size_t i
     values = np.empty(n, dtype=np.float64)

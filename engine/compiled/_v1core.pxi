@@ -316,11 +316,18 @@ cdef class V1Core:
     ):
         """Step from ``now`` while steps end before ``next_due`` (s); returns why it stopped
         (LOOP_OUTCOMES' index; csrc/sim_loop.hpp)."""
-        return self._loop().run(now, next_due, report_at, chunk_events, stop_on_finish)
+        cdef CSimLoop* loop = self._loop()
+        cdef int32_t outcome
+        # without the GIL: the events writer thread encodes while the core steps
+        with nogil:
+            outcome = loop.run(now, next_due, report_at, chunk_events, stop_on_finish)
+        return outcome
 
     def finish_pending(self, double now):
         """The pending step (``run`` returned ``pending``) ended at ``now``: update."""
-        self._loop().finish_pending(now)
+        cdef CSimLoop* loop = self._loop()
+        with nogil:
+            loop.finish_pending(now)
 
     @property
     def loop_now(self):
@@ -392,10 +399,13 @@ cdef class V1Core:
         """As BlockPool.take_events, plus the STEP rows' columns (EventRecorder's
         ``step_columns``). With ``track_residency`` the events are first accounted for
         the block residency samples (``residency_state``)."""
+        cdef EventBuffer* ev = &self.core.pool().events
         if self.residency != NULL:
-            self.residency.consume(self.core.pool().events)
+            with nogil:  # the writer thread may encode meanwhile
+                self.residency.consume(ev[0])
         if self.usage != NULL:
-            self.usage.consume(self.core.pool().events)
+            with nogil:
+                self.usage.consume(ev[0])
         columns, block_ids, block_hashes = _take_events(
             &self.core.pool().events, self.event_capacity
         )
