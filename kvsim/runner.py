@@ -391,9 +391,7 @@ def simulate(
             if block_states is None
             else (block_states.residency.capacity, block_states.residency.seed),
             "on_usage": usage.restore_compiled if usage is not None else None,
-            "final_length_of": (lambda r: final_length(r, max_model_len))
-            if usage is not None
-            else None,
+            "final_length_of": usage.final_length_of if usage is not None else None,
         }
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}

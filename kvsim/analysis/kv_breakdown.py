@@ -94,7 +94,7 @@ class PagedUsageTracker:
 
     def __init__(self, block_size: int, final_length_of: Callable[[int], int]) -> None:
         self.block_size = block_size
-        self._final_length_of = final_length_of
+        self.final_length_of = final_length_of  # T by seq_id (the compiled core asks it too)
         self._final = np.zeros(0, dtype=np.int64)  # T by seq_id
         self._held = np.zeros(0, dtype=np.int64)  # blocks held by seq_id
         self._num_known = 0  # seq ids whose T is in _final
@@ -112,7 +112,7 @@ class PagedUsageTracker:
             size = max(num_seqs, 2 * len(self._final))
             self._final = np.concatenate([self._final, np.zeros(size - len(self._final), "i8")])
             self._held = np.concatenate([self._held, np.zeros(size - len(self._held), "i8")])
-        self._final[known:num_seqs] = [self._final_length_of(s) for s in range(known, num_seqs)]
+        self._final[known:num_seqs] = [self.final_length_of(s) for s in range(known, num_seqs)]
         self._num_known = num_seqs
 
     def consume(self, cols: Columns, block_ids: np.ndarray | None = None) -> None:

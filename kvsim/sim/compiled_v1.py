@@ -74,7 +74,7 @@ class CompiledV1Simulation(Simulation):
         key_source: KeySource,
         on_residency: Callable[[dict[str, Any]], None] | None = None,
         residency_sample: tuple[int, int] = (1, 0),
-        final_length_of: Callable[[Request], int] | None = None,
+        final_length_of: Callable[[int], int] | None = None,
         on_usage: Callable[[dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -83,8 +83,8 @@ class CompiledV1Simulation(Simulation):
         BlockStateTracker.restore_compiled); ``residency_sample``: the reservoirs' capacity
         and seed (kvsim/analysis/residency.py's). ``on_usage``, if given, receives
         ``V1Core.usage_state()`` once the run ends (U and the held references at each step,
-        for PagedUsageTracker.restore_compiled); ``final_length_of`` gives a request's T for
-        it (kvsim/analysis/kv_breakdown.py's final_length)."""
+        for PagedUsageTracker.restore_compiled); ``final_length_of`` gives a seq_id's T for
+        it (PagedUsageTracker.final_length_of)."""
         if (on_usage is None) != (final_length_of is None):
             raise ValueError("on_usage and final_length_of go together")
         super().__init__(requests, scheduler, executor, settings, **kwargs)
@@ -113,7 +113,7 @@ class CompiledV1Simulation(Simulation):
         seq_id = self._register(request)
         core = self.core
         if self._final_length_of is not None:
-            core.set_final_length(seq_id, self._final_length_of(request))
+            core.set_final_length(seq_id, self._final_length_of(seq_id))
         core.set_time(self.env._now)
         keys = self._key_source(request)
         arrival = float(self.env._now)
