@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -155,6 +156,9 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     """Entry point of the ``kvsim`` script and ``python -m kvsim``."""
+    # Commands only write picture files: matplotlib's headless backend, chosen here rather
+    # than at kvsim.plots' import, which must leave a notebook's inline backend alone.
+    os.environ["MPLBACKEND"] = "Agg"
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _interrupt)
     try:

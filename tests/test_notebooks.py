@@ -1,7 +1,10 @@
-"""The notebooks in notebooks/ run top to bottom without error, and are stored without outputs."""
+"""The notebooks in notebooks/ run top to bottom without error, draw every figure they call
+for, write nothing beside themselves, and are stored without outputs."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -11,6 +14,33 @@ from nbclient.exceptions import CellExecutionError
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
+# What a cell calls to draw: kvsim's plot functions, or notebook 1's ``show`` (which does).
+DRAWS = re.compile(r"plot_\w+|show")
+
+
+def draws(source: str) -> bool:
+    """Whether the cell ``source`` calls a drawing function when it runs (a call inside a
+    function it only defines does not count)."""
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.FunctionDef | ast.ClassDef):
+            continue
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                if DRAWS.fullmatch(name):
+                    return True
+    return False
+
+
+def assert_ran_and_drew(path: Path, nb: nbformat.NotebookNode) -> None:
+    """No cell of the executed ``nb`` failed, and each cell that draws displayed a PNG (the
+    inline backend shows the figures a cell made; a backend switched to Agg shows none)."""
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert errors == [], path.name
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and draws(cell.source):
+            pngs = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+            assert pngs, f"{path.name}, cell {index} drew no image: {cell.source[:80]!r}"
 
 
 def test_the_five_notebooks_are_there() -> None:
@@ -54,8 +84,10 @@ def test_the_notebooks_run_one_after_another_in_one_kernel(tmp_path: Path) -> No
                     client.execute_cell(cell, index)
                 except CellExecutionError as error:
                     raise AssertionError(f"{path.name}, cell {index}: {error}") from None
-            errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
-            assert errors == [], path.name
+            assert_ran_and_drew(path, nb)
+            # Anything a notebook writes goes to a temporary folder, not beside the notebook
+            # (the working folder, here a new empty one, is notebooks/ in Jupyter).
+            assert sorted(p.name for p in folder.iterdir()) == [], path.name
 
 
 @pytest.mark.slow
@@ -69,5 +101,5 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
         resources={"metadata": {"path": str(tmp_path)}},  # anything written lands in tmp_path
     )
     client.execute()  # raises CellExecutionError, naming the cell, on any error
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
-    assert errors == []
+    assert_ran_and_drew(path, nb)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], path.name

@@ -1,17 +1,14 @@
-"""Shared pieces of the plot modules: headless backend, colours, thinning, windows, PNG bytes."""
+"""Shared pieces of the plot modules: colours, thinning, windows, PNG bytes."""
 
 from __future__ import annotations
 
 import io
 import os
-import sys
 from pathlib import Path
 
-import matplotlib
-
-if "ipykernel" not in sys.modules:  # notebooks keep their inline backend
-    matplotlib.use("Agg")  # headless: the CLI and CI have no display
-
+# No backend is chosen here: importing kvsim must leave a notebook's inline backend (or a
+# script's choice) alone. The CLI selects Agg in kvsim.cli.main; elsewhere matplotlib's own
+# choice holds, Agg where there is no display.
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
