@@ -53,7 +53,10 @@ ToOption = Annotated[
 
 # The pictures ``kvsim plot`` draws (the keys of kvsim.plots.PICTURES; kept here so that
 # ``kvsim --help`` does not import matplotlib).
-PICTURE_NAMES = ("occupancy", "free-blocks", "kv-breakdown", "gantt", "latency", "batch")
+PICTURE_NAMES = (
+    "occupancy", "free-blocks", "kv-breakdown", "gantt", "latency", "batch", "hit-rate",
+    "prompt-tokens",
+)  # fmt: skip
 NO_EVENTS_HINT = "rerun it with kvsim run --config {run}/config.json to get them"
 # What a hand-edited table can make a picture raise; reported as one line naming the folder.
 DRAW_ERRORS = (KeyError, IndexError, TypeError, ValueError, OverflowError)
@@ -119,7 +122,7 @@ def plot_command(
     ] = None,
 ) -> None:
     """Draw pictures of a run as PNGs: occupancy map, free blocks, KV breakdown, Gantt chart,
-    latency CDFs, batch size.
+    latency CDFs, batch size; a v1 run's prefix-cache hit rate and prompt tokens too.
 
     Reads RUN_DIR's tables, so any picture can be redrawn over any time window. A run folder
     without events.parquet (a sweep point) gets the pictures that need no events."""

@@ -147,3 +147,13 @@ def test_a_named_output_file_is_replaced_only_with_force(
     replaced = kvsim(command, run_dir, "-o", out, *extra, "--force")
     assert replaced.exit_code == 0, replaced.output
     assert out.read_bytes() != b"mine"
+
+
+def test_what_names_every_picture_a_run_writes(run_dir: Path, tmp_path: Path) -> None:
+    from kvsim.commands.plot import PICTURE_NAMES
+
+    assert tuple(PICTURES) == PICTURE_NAMES  # --what can redraw each file of plots/
+    out = tmp_path / "v1"
+    result = kvsim("plot", run_dir, "-w", "hit-rate,prompt-tokens", "--out", out)
+    assert result.exit_code == 0, result.output  # a classic run: each picture draws a note
+    assert sorted(p.name for p in out.iterdir()) == ["prefix_hit_rate.png", "prompt_tokens.png"]
