@@ -53,6 +53,7 @@ COMMAND_MODULES = {
     "validate": "calibrate",
     "profile": "profile",
     "validate-run": "profile",
+    "validate-real": "validate_real",
 }
 
 
