@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from kvsim.commands.console import console, fail, say
+from kvsim.commands.console import Command, console, fail, say
 from kvsim.errors import KvsimError
 
 if TYPE_CHECKING:
@@ -26,11 +26,17 @@ if TYPE_CHECKING:
 
 Opt = typer.Option
 ProfileDir = Annotated[
-    Path, typer.Argument(help="Profile folder: compute/, attention/, network/, steps/ CSVs.")
+    Path,
+    typer.Argument(
+        metavar="PROFILE_DIR", help="Profile folder: compute/, attention/, network/, steps/ CSVs."
+    ),
 ]
 DeviceOption = Annotated[
     str | None,
-    Opt(help="Profile file prefix of the GPU's rows (default: a100 / h100 / cpu, or the only one)"),
+    Opt(
+        metavar="PREFIX",
+        help="Profile file prefix of the GPU's rows (default: a100 / h100 / cpu, or the only one)",
+    ),
 ]
 ForceOption = Annotated[bool, Opt("--force", help="Replace an existing output")]
 
@@ -70,21 +76,30 @@ def print_tables(tables: list[tuple[str, pd.DataFrame]]) -> None:
 def calibrate_command(
     profile_dir: ProfileDir,
     gpu: Annotated[
-        str | None, Opt(help="GPU preset or GPU spec JSON file (engine profiles: device.json)")
+        str | None,
+        Opt(
+            metavar="NAME|FILE",
+            help="GPU preset or GPU spec JSON file (engine profiles: device.json)",
+        ),
     ] = None,
-    out: Annotated[Path | None, Opt("-o", "--out", help="Coefficient file to write")] = None,
+    out: Annotated[
+        Path | None, Opt("-o", "--out", metavar="FILE", help="Coefficient file to write")
+    ] = None,
     device: DeviceOption = None,
     system: Annotated[
-        str | None, Opt(help="All-reduce system of network/ (default: the GPU's DGX system)")
+        str | None,
+        Opt(metavar="SYSTEM", help="All-reduce system of network/ (default: the GPU's DGX system)"),
     ] = None,
     base: Annotated[
         Path | None,
         Opt(
-            help="Coefficients for the parts the folder has no profiles of (default: the preset's)"
+            metavar="FILE",
+            help="Coefficients for the parts the folder has no profiles of (default: the preset's)",
         ),
     ] = None,
     num_sms: Annotated[
-        int | None, Opt(help="Streaming multiprocessors (default: datasheet or profile.json)")
+        int | None,
+        Opt(metavar="SMS", help="Streaming multiprocessors (default: datasheet or profile.json)"),
     ] = None,
     presets: Annotated[
         bool,
@@ -163,17 +178,26 @@ def _device_of(profiles: ProfileSet, gpu: GPUSpec, device: str | None) -> str:
 def validate_command(
     profile_dir: ProfileDir,
     gpu: Annotated[
-        list[str] | None, Opt(help="GPU preset or spec file; repeat for several")
+        list[str] | None,
+        Opt(metavar="NAME|FILE", help="GPU preset or spec file; repeat for several"),
     ] = None,
     coefficients: Annotated[
-        Path | None, Opt(help="Coefficient file (default: the GPU preset's shipped file)")
+        Path | None,
+        Opt(metavar="FILE", help="Coefficient file (default: the GPU preset's shipped file)"),
     ] = None,
     device: DeviceOption = None,
     lomo: Annotated[
         bool, Opt("--lomo", help="Also leave each model out of the fit and validate on it")
     ] = False,
     out: Annotated[
-        Path | None, Opt("-o", "--out", show_default="validation/<gpus>-<timestamp>")
+        Path | None,
+        Opt(
+            "-o",
+            "--out",
+            metavar="DIR",
+            help="Output folder",
+            show_default="validation/GPUS-TIMESTAMP",
+        ),
     ] = None,
     force: ForceOption = False,
 ) -> None:
@@ -221,5 +245,5 @@ def validate_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("calibrate")(calibrate_command)
-    app.command("validate")(validate_command)
+    app.command("calibrate", cls=Command)(calibrate_command)
+    app.command("validate", cls=Command)(validate_command)

@@ -8,6 +8,7 @@ link, and other control characters) or that cannot be encoded are shown escaped.
 from __future__ import annotations
 
 import re
+import shutil
 from typing import Any, NoReturn
 
 import typer
@@ -68,5 +69,24 @@ class FlagsWithoutType:
         return params
 
 
+# The widest help a command prints (click's default is 80 columns whatever the terminal).
+HELP_MAX_COLUMNS = 200
+
+
 class Command(FlagsWithoutType, TyperCommand):
-    """The class of every kvsim command (``app.command(name, cls=Command)``)."""
+    """The class of every kvsim command (``app.command(name, cls=Command)``).
+
+    Its help is click's plain layout, not Typer's Rich table: the table gives every option
+    name, its ``--no-`` twin, its type and its help a column each, and below about 160
+    columns cuts the names (``--gpu-memory-uti…``); click's puts a long name on a line of its
+    own and wraps only the help text."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rich_markup_mode = None
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        # The terminal's width (COLUMNS where set), up to HELP_MAX_COLUMNS; click would stop
+        # at 80, and at exactly 80 under its test runner.
+        formatter.width = max(min(shutil.get_terminal_size().columns, HELP_MAX_COLUMNS) - 2, 50)
+        super().format_help(ctx, formatter)

@@ -81,7 +81,11 @@ def _field_defaults() -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(RunConfig)}
 
 
-def _parameter(name: str, spec: OptionSpec, command: Command) -> inspect.Parameter:
+def _parameter(
+    name: str, spec: OptionSpec, command: Command, defaults: dict[str, Any] | None = None
+) -> inspect.Parameter:
+    """The Typer parameter of the field ``name``; ``defaults`` replaces the field's own
+    default where a command has another (validate-run's model)."""
     axis = command == "sweep" and spec.sweep == "axis"
     kind = str if axis else (Path if spec.path else _value_type(name))
     flag = spec.cli_flag(name)
@@ -92,6 +96,8 @@ def _parameter(name: str, spec: OptionSpec, command: Command) -> inspect.Paramet
     # user gave an option is read from click's parameter source, not from the value.
     default = None if axis else _default(name)
     shown: bool | str = default is not None if spec.default_text is None else spec.default_text
+    if defaults and name in defaults:
+        default, shown = defaults[name], True
     values = choices(name)
     if kind is bool:
         info = typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text, show_default=shown)
@@ -111,17 +117,24 @@ def _parameter(name: str, spec: OptionSpec, command: Command) -> inspect.Paramet
     )
 
 
-def run_option_parameters(command: Command) -> list[inspect.Parameter]:
-    """One Typer parameter per RunConfig field that ``command`` offers, in field order."""
+def run_option_parameters(
+    command: Command, leave_out: tuple[str, ...] = (), defaults: dict[str, Any] | None = None
+) -> list[inspect.Parameter]:
+    """One Typer parameter per RunConfig field that ``command`` offers (less the fields in
+    ``leave_out``), in field order; ``defaults`` as in ``_parameter``."""
     return [
-        _parameter(name, spec, command)
+        _parameter(name, spec, command, defaults)
         for name, spec in option_specs().items()
-        if _offered(spec, command)
+        if _offered(spec, command) and name not in leave_out
     ]
 
 
-def with_run_options(command: Command) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command function the run options, inserted where its ``options`` parameter is.
+def with_run_options(
+    command: Command, *, leave_out: tuple[str, ...] = (), defaults: dict[str, Any] | None = None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command function the run options, inserted where its ``options`` parameter is;
+    a command that decides some itself leaves them out (``leave_out``: field names), and one
+    whose defaults differ from RunConfig's gives them (``defaults``: shown in its help).
 
     The command receives ``options``: the run options the user gave (not None), as RunConfig
     field values (paths as strings; a sweep axis as its comma-separated text).
@@ -130,7 +143,7 @@ def with_run_options(command: Command) -> Callable[[Callable[..., None]], Callab
     def decorate(body: Callable[..., None]) -> Callable[..., None]:
         own = list(inspect.signature(body, eval_str=True).parameters.values())
         at = [p.name for p in own].index(OPTIONS_PARAMETER)
-        generated = run_option_parameters(command)
+        generated = run_option_parameters(command, leave_out, defaults)
         names = {p.name for p in generated}
         paths = {n for n, s in option_specs().items() if s.path and n in names}
 

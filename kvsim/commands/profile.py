@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kvsim.commands.console import console, fail, say
+from kvsim.commands.console import Command, console, fail, say
 from kvsim.commands.options import with_run_options
 from kvsim.commands.run import user_errors
 from kvsim.config import DEFAULT_THREADS, RunConfig
@@ -33,7 +33,8 @@ class Timer(str, enum.Enum):
 
 TimerOption = Annotated[
     Timer,
-    Opt(help="wall: the wall clock (engine mode's); thread: the thread's CPU time, which other "
+    Opt(metavar="[wall|thread]",
+        help="wall: the wall clock (engine mode's); thread: the thread's CPU time, which other "
         "processes taking the core cannot inflate (needs --threads 1)"),
 ]  # fmt: skip
 
@@ -45,16 +46,29 @@ class ProfileMode(str, enum.Enum):
 
 
 def profile_command(
-    mode: Annotated[ProfileMode, Opt(help="engine: the torch engine on this machine")] = (
-        ProfileMode.ENGINE
-    ),
-    model: Annotated[str, Opt(help="Engine model preset or checkpoint folder")] = "tiny-llama",
+    mode: Annotated[
+        ProfileMode, Opt(metavar="[engine]", help="engine: the torch engine on this machine")
+    ] = (ProfileMode.ENGINE),
+    model: Annotated[
+        str, Opt(metavar="NAME|DIR", help="Engine model preset or checkpoint folder")
+    ] = "tiny-llama",
     out: Annotated[
-        Path | None, Opt("-o", "--out", show_default="profiles/engine-<model>-<timestamp>")
+        Path | None,
+        Opt(
+            "-o",
+            "--out",
+            metavar="DIR",
+            help="Profile folder to write",
+            show_default="profiles/engine-MODEL-TIMESTAMP",
+        ),
     ] = None,
-    threads: Annotated[int, Opt(min=1, help="torch threads, pinned")] = DEFAULT_THREADS,
-    repeats: Annotated[int, Opt(min=3, help="Timed calls per point (medians fitted)")] = 15,
-    dtype: Annotated[str, Opt(help="float32 or bfloat16")] = "float32",
+    threads: Annotated[
+        int, Opt(min=1, metavar="THREADS", help="torch threads, pinned")
+    ] = DEFAULT_THREADS,
+    repeats: Annotated[
+        int, Opt(min=3, metavar="N", help="Timed calls per point (medians fitted)")
+    ] = 15,
+    dtype: Annotated[str, Opt(metavar="DTYPE", help="float32 or bfloat16")] = "float32",
     quick: Annotated[bool, Opt("--quick", help="A small grid (a smoke test, not a fit)")] = False,
     timer: TimerOption = Timer.WALL,
     force: Annotated[bool, Opt("--force", help="Replace an existing folder")] = False,
@@ -101,14 +115,24 @@ def profile_command(
     say(f"wrote {out_dir}; next: kvsim calibrate {out_dir} --gpu {device} -o cpu.json")
 
 
-@with_run_options("run")
+# validate-run runs the trace in both modes (no --mode), on the engine's tiny model by default.
+VALIDATE_RUN_DEFAULTS = {"model": "tiny-llama"}
+
+
+@with_run_options("run", leave_out=("mode",), defaults=VALIDATE_RUN_DEFAULTS)
 def validate_run_command(
     trace: Annotated[
-        str | None, typer.Argument(help="Trace file or shipped trace name (held out of the fit)")
+        str | None,
+        typer.Argument(
+            metavar="[TRACE]",
+            help="Trace file or shipped trace name (held out of the fit)",
+            show_default=DEFAULT_TRACE_NAME,
+        ),
     ] = None,
     options: dict[str, Any] | None = None,
     out: Annotated[
-        Path | None, Opt(help="Output folder", show_default="validation/run-<trace>-<timestamp>")
+        Path | None,
+        Opt(metavar="DIR", help="Output folder", show_default="validation/run-TRACE-TIMESTAMP"),
     ] = None,
     force: Annotated[bool, Opt("--force", help="Replace an existing folder")] = False,
     timer: TimerOption = Timer.WALL,
@@ -125,7 +149,7 @@ def validate_run_command(
     if trace is not None:
         given["trace"] = trace
     try:
-        config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, "model": "tiny-llama", **given})
+        config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **VALIDATE_RUN_DEFAULTS, **given})
         if config.coefficients is None:
             fail("pass --coefficients FILE: a cpu fit (kvsim calibrate PROFILE --gpu DEVICE.json)")
         out_dir = (
@@ -167,5 +191,5 @@ def _print_comparison(summary: dict[str, Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("profile")(profile_command)
-    app.command("validate-run")(validate_run_command)
+    app.command("profile", cls=Command)(profile_command)
+    app.command("validate-run", cls=Command)(validate_run_command)

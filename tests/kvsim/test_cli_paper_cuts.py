@@ -148,3 +148,31 @@ def test_the_progress_bar_learns_the_number_of_requests() -> None:
     totals: list[int] = []
     run(RunConfig(trace=DEFAULT_TRACE_NAME, until=1.0), on_start=totals.append)
     assert totals == [456]
+
+
+@pytest.mark.parametrize("columns", ["80", "100"])
+def test_help_never_cuts_an_option_name(columns: str) -> None:
+    from kvsim.cli import COMMAND_MODULES, command_group
+
+    for module in dict.fromkeys(COMMAND_MODULES.values()):
+        for name, command in command_group(module).commands.items():
+            text = kvsim(name, "-h", env={"COLUMNS": columns}).output
+            assert "\u2026" not in text, (name, columns)
+            for param in command.params:
+                for option in [*param.opts, *param.secondary_opts]:
+                    if option.startswith("--"):
+                        assert re.search(rf"{re.escape(option)}\b", text), (name, option)
+
+
+@pytest.mark.parametrize("command", ["calibrate", "validate", "profile", "validate-run"])
+def test_calibration_help_names_real_metavars(command: str) -> None:
+    text = kvsim(command, "-h", env=WIDE).output
+    assert not re.search(r"<[a-z_|]+>", text), re.findall(r"<[a-z_|]+>", text)
+
+
+def test_validate_run_help_offers_what_it_uses() -> None:
+    text = kvsim("validate-run", "-h", env=WIDE).output
+    assert not re.search(r"--mode\b", text)  # it runs both modes
+    model = next(line for line in text.splitlines() if line.lstrip().startswith("--model"))
+    assert "[default: tiny-llama]" in model  # the model it runs when none is given
+    assert "--coefficients" in text and "--timer" in text
