@@ -15,65 +15,51 @@ from typing import Any
 import numpy as np
 
 from kvsim.analysis.quantiles import median, percentiles
+from kvsim.analysis.saturation import MIN_REQUESTS, NEAR, SATURATED, saturation, waiting_counts
 from kvsim.analysis.table import TableLike, column, is_label
 
-# Overload is not judged on fewer requests than this (a handful proves nothing).
-MIN_REQUESTS_FOR_OVERLOAD = 20
 # Decode steps of one batch size, at least this many, to estimate the noise of step times.
 MIN_STEPS_PER_BATCH_SIZE = 5
 
 
-def _waiting_at(requests: TableLike, t: float) -> int:
-    """Requests arrived by ``t`` and not yet admitted, rejected or aborted from the queue."""
-    arrival = column(requests, "arrival_time_s", float)
-    admit = column(requests, "admit_time_s", float)
-    end = column(requests, "finish_time_s", float)
-    left = np.isnan(admit) & is_label(requests, "status", ("rejected", "aborted"))
-    left &= end <= t
-    return int((arrival <= t).sum() - (admit <= t).sum() - left.sum())
-
-
 def overload(requests: TableLike, sim_end_s: float, *, closed_loop: bool) -> dict[str, Any]:
-    """``saturated`` and the numbers behind it (docs/metrics.md, "Overload").
-
-    Over the arrival window (first to last arrival, cut at the run's end), an open-loop run is
-    saturated when the requests waiting for admission at the window's end are more than twice
-    those waiting a quarter of the way in, at least 10, and at least half a service time's
-    worth of arrivals (offered rate x median service time): the queue grows through the run,
-    so latencies measure how long the run lasted, not the engine. A closed loop never is:
-    its users wait for their answers before sending more."""
+    """``saturation`` (the verdict, its figures and reason: kvsim/analysis/saturation.py,
+    docs/metrics.md "Saturation"), ``saturated`` (the verdict is ``saturated``; kept for
+    readers of older summaries) and the older top-level figures beside it."""
     arrival = np.sort(column(requests, "arrival_time_s", float))
     finished = is_label(requests, "status", "finished")
     service = (
         column(requests, "e2e_latency_s", float) - column(requests, "queueing_delay_s", float)
     )[finished]
     service_p50 = median(service) if len(service) else None
+    share = _queueing_share(requests)
+    verdict = saturation(
+        requests, sim_end_s, closed_loop=closed_loop, service_p50_s=service_p50,
+        queueing_share=share,
+    )  # fmt: skip
     out: dict[str, Any] = {
-        "saturated": False,
+        "saturated": verdict["verdict"] == SATURATED,
+        "saturation": verdict,
         "offered_rate_per_s": None,
         "served_rate_per_s": None,
         "waiting_at_quarter_of_arrivals": None,
         "waiting_at_last_arrival": None,
         "service_time_p50_s": service_p50,
-        "queueing_share_of_ttft": _queueing_share(requests),
+        "queueing_share_of_ttft": share,
     }
     if len(arrival) < 2:
         return out
     start, end = float(arrival[0]), min(float(arrival[-1]), sim_end_s)
     if sim_end_s > start:
         out["served_rate_per_s"] = int(finished.sum()) / (sim_end_s - start)
-    if closed_loop or len(arrival) < MIN_REQUESTS_FOR_OVERLOAD or end <= start:
+    if closed_loop or len(arrival) < MIN_REQUESTS or end <= start:
         return out
-    offered = int((arrival <= end).sum()) / (end - start)
-    at_quarter = _waiting_at(requests, start + (end - start) / 4)
-    at_end = _waiting_at(requests, end)
+    at_quarter, at_end = waiting_counts(requests, np.array([start + (end - start) / 4, end]))
     out.update(
-        offered_rate_per_s=offered,
-        waiting_at_quarter_of_arrivals=at_quarter,
-        waiting_at_last_arrival=at_end,
+        offered_rate_per_s=int((arrival <= end).sum()) / (end - start),
+        waiting_at_quarter_of_arrivals=int(at_quarter),
+        waiting_at_last_arrival=int(at_end),
     )
-    threshold = max(10.0, 2 * at_quarter + 1, offered * (service_p50 or 0.0) / 2)
-    out["saturated"] = bool(at_end >= threshold)
     return out
 
 
@@ -183,20 +169,47 @@ def step_time_noise(steps: TableLike) -> float | None:
     return float(np.average(std[keep] / mean[keep], weights=count[keep]))
 
 
+def saturation_warning(summary: dict[str, Any]) -> str | None:
+    """The saturation line of a run's warnings (None when stable), with the figures that
+    decided the verdict; a summary written before the verdict existed gives its flag only."""
+    verdict = summary.get("saturation") or {}
+    if verdict.get("verdict") == SATURATED or (not verdict and summary.get("saturated")):
+        why = f" ({verdict['reason']})" if verdict.get("reason") else ""
+        return (
+            f"saturated: arrivals outpace service{why}: latencies grow with the trace's "
+            "length and measure the queue, not the engine; lower --rate or add capacity"
+        )
+    if verdict.get("verdict") == NEAR:
+        return (
+            f"near saturation: {verdict['reason']}: the engine barely keeps up, so latencies "
+            "depend on the trace's bursts and length; a little more load saturates it"
+        )
+    return None
+
+
+def saturation_text(summary: dict[str, Any]) -> str:
+    """The verdict with its headline figures, for a summary table: ``saturated (queue +0.497
+    req/s, 9.0% of offered; queueing 100% of TTFT)``."""
+    verdict = summary.get("saturation")
+    if not verdict:  # a summary written before the verdict existed
+        return SATURATED if summary.get("saturated") else "not saturated"
+    if not verdict.get("judged"):
+        return f"{verdict['verdict']} ({verdict['reason']})"
+    share = verdict.get("queueing_share_of_ttft")
+    queueing = "" if share is None else f"; queueing {share:.0%} of TTFT"
+    return (
+        f"{verdict['verdict']} (queue {verdict['queue_slope_per_s']:+#.3g} req/s, "
+        f"{verdict['queue_growth_share']:.1%} of offered{queueing})"
+    )
+
+
 def warnings(summary: dict[str, Any]) -> list[str]:
     """What a reader of ``summary`` must know before trusting its numbers, one line each:
     overload, rejections and measured (noisy) timing. Empty when there is nothing to say."""
     out = []
-    if summary.get("saturated"):
-        out.append(
-            "saturated: arrivals outpace service (offered "
-            f"{summary['offered_rate_per_s']:.2f} req/s, served "
-            f"{summary['served_rate_per_s']:.2f} req/s; "
-            f"{summary['waiting_at_last_arrival']:,} requests waiting at the last arrival, "
-            f"{summary['waiting_at_quarter_of_arrivals']:,} a quarter of the way in): latencies "
-            "grow with the trace's length and measure the queue, not the engine; lower --rate "
-            "or add capacity"
-        )
+    line = saturation_warning(summary)
+    if line:
+        out.append(line)
     rejected = summary.get("rejections") or []
     if rejected:
         total = sum(r["count"] for r in rejected)

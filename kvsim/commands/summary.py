@@ -1,4 +1,5 @@
-"""The terminal summary of ``kvsim run``: counts, throughput, latencies in ms, KV memory, and
+"""The terminal summary of ``kvsim run``: counts, throughput, latencies (each in the unit of its
+size: kvsim.outputs.durations), KV memory, and
 the warnings that say when the numbers mean less than they seem."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from kvsim.commands.console import console, plain, say
+from kvsim.outputs.durations import duration_text
 
 LATENCIES = (
     ("TTFT", "ttft_s"),
@@ -17,10 +19,6 @@ LATENCIES = (
     ("queueing", "queueing_delay_s"),
     ("prefill", "prefill_time_s"),  # v1 runs: TTFT = queueing + prefill
 )
-
-
-def _ms(value: Any) -> str:
-    return "-" if value is None else f"{value * 1000:,.1f}"
 
 
 def _pool(s: dict[str, Any], allocator: str) -> str:
@@ -33,6 +31,7 @@ def _pool(s: dict[str, Any], allocator: str) -> str:
 def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str, str]]:
     """(name, value) rows of the headline numbers of ``summary.json``."""
     from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
+    from kvsim.analysis.load import saturation_text
 
     counts = (
         f"{s['num_requests']:,}: {s['num_finished']:,} finished, {s['num_rejected']:,} "
@@ -59,6 +58,7 @@ def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str,
         ("KV allocated, not yet filled (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
         (breakdown_name, " / ".join(f"{v:.1%}" for v in breakdown)),
         ("preemptions", f"{s['num_preemptions']:,}"),
+        ("saturation", saturation_text(s)),
         ("mean running sequences", f"{s['mean_running_seqs']:.1f}"),
         ("simulator wall time",
          f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
@@ -94,14 +94,14 @@ def print_summary(
     for name, value in summary_rows(s, allocator):
         table.add_row(name, value)
     console.print(table)
-    latencies = Table(title=f"latency (ms, {s.get('timing', 'cost model')})", header_style="bold")
+    latencies = Table(title=f"latency ({s.get('timing', 'cost model')})", header_style="bold")
     for column in ("", "mean", "p50", "p90", "p99"):
         latencies.add_column(column, justify="right" if column else "left")
     for name, key in LATENCIES:
         if key not in s:
             continue  # prefill_time_s: v1 runs only
         d = s.get(key) or {}
-        latencies.add_row(name, *(_ms(d.get(q)) for q in ("mean", "p50", "p90", "p99")))
+        latencies.add_row(name, *(duration_text(d.get(q)) for q in ("mean", "p50", "p90", "p99")))
     console.print(latencies)
     from kvsim.analysis.load import warnings
 
