@@ -333,7 +333,15 @@ def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> Step
 
 
 def load_coefficients(path: str | Path) -> StepCoefficients:
-    """Read and validate a coefficient file (CostModelError naming the file and key)."""
+    """Read and validate a coefficient file (CostModelError naming the file and key). A bare
+    name that is no file but a shipped serving-stack file's stem (``h100-sxm+vllm-0.15``)
+    reads that file (kvsim/costmodel/stacks.py)."""
+    given = Path(path)
+    shipped = STACK_DIR / f"{given.name}.json"
+    if not given.exists() and str(path) == given.name and shipped.is_file():
+        return coefficients_from_json_dict(
+            read_json_object(shipped), STACK_SOURCE.format(name=given.name)
+        )
     return coefficients_from_json_dict(read_json_object(path), str(path))
 
 
@@ -343,6 +351,9 @@ PRESET_DIR = Path(__file__).parent / "gpu_coefficients"
 # How describe() and config.json name a shipped file: relative to the package, so a run folder
 # does not depend on where kvsim is installed.
 PRESET_SOURCE = "kvsim/costmodel/gpu_coefficients/{name}.json (shipped preset)"
+# The presets with a serving stack's corrections (kvsim.costmodel.stacks writes them).
+STACK_DIR = Path(__file__).parent / "stack_coefficients"
+STACK_SOURCE = "kvsim/costmodel/stack_coefficients/{name}.json (shipped serving-stack preset)"
 
 
 def preset_coefficient_names() -> tuple[str, ...]:

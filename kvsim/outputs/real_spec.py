@@ -31,6 +31,9 @@ _DEPLOYMENT_KEYS = {
     "num_blocks": int,
     "enable_prefix_caching": bool,
     "enable_chunked_prefill": bool,
+    "serving_stack": str,
+    "async_scheduling": bool,
+    "frontend_latency_s": float,
 }
 _CLIENT_KEYS = {"timeout_s": float, "num_groups": int, "prompts_per_group": int, "seed": int}
 _WORKLOAD_KEYS = {
@@ -179,8 +182,9 @@ def load_real_spec(spec: str) -> RealSpec:
             f"{name}: format must be {FORMAT!r} version {VERSION}, got "
             f"{doc['format']!r} version {doc['version']!r}"
         )
+    optional = {"serving_stack", "async_scheduling", "frontend_latency_s"}
     deployment = _checked(
-        f"{name}: deployment", doc["deployment"], _DEPLOYMENT_KEYS, set(_DEPLOYMENT_KEYS)
+        f"{name}: deployment", doc["deployment"], _DEPLOYMENT_KEYS, set(_DEPLOYMENT_KEYS) - optional
     )
     client = _checked(f"{name}: client", doc["client"], _CLIENT_KEYS, set())
     workloads = []

@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.analysis.table import is_label
+from kvsim.analysis.table import Table, is_label
 from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
+from kvsim.costmodel import load_coefficients
+from kvsim.costmodel.stacks import resolve_stack, stack_preset_name
 from kvsim.outputs.real_spec import Measured, RealSpec, RealWorkload
 from kvsim.plots import save_png
 from kvsim.plots.real_runs import plot_real_errors
@@ -45,6 +47,18 @@ VALIDATE_REAL_FOLDER = FolderKind(
     marker_key="kvsim_validate_real",
     entries=frozenset(_FILES),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientView:
+    """What lies between kvsim's engine clock and the client's: vLLM's async scheduling (the
+    next step is scheduled while the current one runs, so a request that arrives while the
+    engine is busy is prefilled one step later than a synchronous engine would) and the
+    server's front end (request parsing, tokenization, the engine hand-off, detokenization
+    and the streamed response: seconds added to TTFT and E2E alike)."""
+
+    async_scheduling: bool = False
+    frontend_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +150,17 @@ def run_config(spec: RealSpec, trace_path: Path, coefficients: str | None) -> Ru
     )
 
 
+def spec_coefficients(spec: RealSpec) -> str | None:
+    """The shipped coefficients of the deployment's GPU under its serving stack (a name
+    ``load_coefficients`` resolves), or None (the GPU preset's) without one."""
+    stack = spec.deployment.get("serving_stack")
+    if stack is None:
+        return None
+    name = stack_preset_name(spec.deployment["gpu"], resolve_stack(stack))
+    load_coefficients(name)  # a GPU without a shipped preset: the error names both
+    return name
+
+
 def _stats(values: np.ndarray, prefix: str) -> dict[str, float]:
     if values.size == 0:
         return {}
@@ -146,8 +171,23 @@ def _stats(values: np.ndarray, prefix: str) -> dict[str, float]:
     }
 
 
-def stage_results(workload: RealWorkload, result: RunResult) -> list[StageResult]:
+def client_latencies(table: Table, view: ClientView) -> tuple[np.ndarray, np.ndarray]:
+    """TTFT and E2E (s) as the client sees them: the engine's, plus one step where the engine
+    was busy when the request arrived and schedules a step ahead (``view.async_scheduling``),
+    plus the server's front end (``view.frontend_s``). TPOT is unchanged: both ends move."""
+    lag = np.zeros(len(table))
+    if view.async_scheduling:
+        busy = table["queueing_delay_s"] > 0
+        lag = np.where(busy, table["prefill_time_s"], 0.0)
+    shift = lag + view.frontend_s
+    return table["ttft_s"] + shift, table["e2e_latency_s"] + shift
+
+
+def stage_results(
+    workload: RealWorkload, result: RunResult, view: ClientView | None = None
+) -> list[StageResult]:
     """Each stage's figures from one run's requests table."""
+    view = view or ClientView()
     table = result.requests_table
     ids = table["request_id"]
     stages = np.fromiter((stage_of(str(i)) for i in ids), np.int64, len(ids))
@@ -163,10 +203,11 @@ def stage_results(workload: RealWorkload, result: RunResult) -> list[StageResult
         end = start + stage.duration_s
         # Requests of the stage still waiting or running when its last one was sent.
         backlog = int(np.sum(mine & ~(finish <= end)))
+        ttft, e2e = client_latencies(table, view)
         predicted = {
-            **_stats(1e3 * table["ttft_s"][done], "ttft_ms"),
+            **_stats(1e3 * ttft[done], "ttft_ms"),
             **_stats(1e3 * table["tpot_s"][done], "tpot_ms"),
-            **_stats(1e3 * table["e2e_latency_s"][done], "e2e_ms"),
+            **_stats(1e3 * e2e[done], "e2e_ms"),
         }
         timed_out = int(np.sum(mine & aborted))
         out.append(
@@ -205,12 +246,17 @@ def validate_real(
                 on_workload(name)
             trace_path = Path(tmp) / f"{name}.jsonl"
             save_trace(shared_prefix_trace(workload.recipe), trace_path)
-            result = run(run_config(spec, trace_path, coefficients), keep_events=False)
+            config = run_config(spec, trace_path, coefficients or spec_coefficients(spec))
+            result = run(config, keep_events=False)
             validation.resolved[name] = {
                 "num_blocks": result.resolved["num_blocks"],
                 "coefficients_source": result.resolved["cost_model"]["coefficients_source"],
             }
-            validation.stages.extend(stage_results(workload, result))
+            view = ClientView(
+                async_scheduling=spec.deployment.get("async_scheduling", False),
+                frontend_s=spec.deployment.get("frontend_latency_s", 0.0),
+            )
+            validation.stages.extend(stage_results(workload, result, view))
     return validation
 
 

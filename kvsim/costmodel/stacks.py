@@ -1,0 +1,130 @@
+"""Serving stacks: what a serving engine changes about the kernel-profile coefficients.
+
+The shipped coefficients describe kernels as Vidur profiled them (KINETO kernel times of an
+eager PyTorch stack of 2023-24) plus public priors for the costs outside the kernels, taken
+from vLLM v0.6.0 (a synchronous engine whose GPU sat idle 62% of a step). A serving stack
+replaces what its engine does differently, by physical argument, never by a per-model fit
+(docs/costmodel.md, "Against real vLLM runs: the decode step"):
+
+- **costs outside the kernels**: vLLM's V1 engine keeps a persistent batch, replays decode
+  steps as CUDA graphs and schedules the next step while the current one runs (async
+  scheduling), so the host's scheduling, input preparation and output processing are hidden
+  behind the GPU; what stays exposed is the GPU's own work outside the profiled operators
+  (embedding, final norm, sampling, input copies, the gaps between graph nodes);
+- **decode attention on Hopper**: the H100 / H200 attention coefficients are the A100's
+  FlashAttention-2 fit scaled by datasheet peaks (no H100 attention profile exists), which
+  keeps the A100 kernel's wave structure and its 78% of peak bandwidth. vLLM 0.15 runs
+  FlashAttention 3 on Hopper: one persistent launch whose thread blocks take work tiles as
+  they free up (no per-wave cost) and stream K/V at the rate the same GPU's profiles measure
+  for streaming weights (the fitted GEMM's ``bw_efficiency``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsim.costmodel.coefficients import (
+    STACK_DIR,
+    Provenance,
+    StepCoefficients,
+    preset_coefficient_names,
+    preset_coefficients,
+    save_coefficients,
+)
+from kvsim.costmodel.specio import CostModelError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingStack:
+    """A serving engine's corrections to kernel-profile coefficients (seconds)."""
+
+    name: str
+    description: str
+    step_overhead_s: float  # exposed GPU work per step outside the profiled operators
+    seq_overhead_s: float  # exposed work per scheduled sequence per step (sampling row)
+    persistent_decode_gpus: tuple[str, ...]  # GPUs whose decode attention runs persistent
+
+
+VLLM_0_15 = ServingStack(
+    name="vllm-0.15",
+    description="vLLM 0.15 (V1 engine): CUDA-graphed decode, async scheduling, "
+    "FlashAttention 3 on Hopper",
+    step_overhead_s=200e-6,
+    seq_overhead_s=2e-6,
+    persistent_decode_gpus=("h100-sxm", "h200"),
+)
+SERVING_STACKS = {VLLM_0_15.name: VLLM_0_15}
+
+
+def resolve_stack(name: str) -> ServingStack:
+    """The serving stack named ``name``; CostModelError naming the known ones otherwise."""
+    try:
+        return SERVING_STACKS[name]
+    except KeyError:
+        known = ", ".join(SERVING_STACKS)
+        raise CostModelError(f"unknown serving stack {name!r} (known: {known})") from None
+
+
+def apply_serving_stack(co: StepCoefficients, stack: ServingStack) -> StepCoefficients:
+    """``co`` with ``stack``'s corrections: its overheads, and on the GPUs it names, decode
+    attention without per-wave cost, streaming K/V at the GEMM fit's bandwidth efficiency.
+    The provenance of each changed part says what changed and why."""
+    overheads = dataclasses.replace(
+        co.overheads, step_overhead_s=stack.step_overhead_s, seq_overhead_s=stack.seq_overhead_s
+    )
+    provenance = dict(co.provenance)
+    provenance["overheads"] = Provenance(
+        kind="prior",
+        source=f"serving stack {stack.name} (docs/costmodel.md, Against real vLLM runs)",
+        note=f"{stack.description}: host work hidden behind the GPU; per step and per "
+        "sequence only the GPU work outside the profiled operators; block walk unchanged",
+    )
+    decode = co.decode_attention
+    if co.gpu in stack.persistent_decode_gpus:
+        decode = dataclasses.replace(
+            decode, wave_latency_s=0.0, bw_efficiency=co.gemm.bw_efficiency
+        )
+        before = co.provenance["attention"]
+        provenance["attention"] = Provenance(
+            kind="corrected",
+            source=f"{before.kind} from {before.source}; decode corrected for {stack.name}",
+            profiles=before.profiles,
+            note="decode: persistent FlashAttention 3 kernel (no per-wave cost), K/V streamed "
+            "at this GPU's fitted GEMM bw_efficiency; prefill as before",
+        )
+    return dataclasses.replace(
+        co,
+        overheads=overheads,
+        decode_attention=decode,
+        provenance=provenance,
+        source=f"{co.source or 'in memory'} + serving stack {stack.name}",
+    )
+
+
+def stack_preset_name(gpu_name: str, stack: ServingStack) -> str:
+    """The shipped file stem of GPU preset ``gpu_name`` under ``stack``: ``GPU+STACK``."""
+    return f"{gpu_name}+{stack.name}"
+
+
+def stack_preset(gpu_name: str, stack: ServingStack) -> StepCoefficients:
+    """GPU preset ``gpu_name``'s shipped coefficients with ``stack`` applied."""
+    return apply_serving_stack(preset_coefficients(gpu_name), stack)
+
+
+def write_stack_presets(out_dir: Path = STACK_DIR) -> list[Path]:
+    """Write every GPU preset under every serving stack to ``out_dir`` (the shipped files:
+    ``python -m kvsim.costmodel.stacks``); return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for stack in SERVING_STACKS.values():
+        for gpu_name in preset_coefficient_names():
+            path = out_dir / f"{stack_preset_name(gpu_name, stack)}.json"
+            save_coefficients(stack_preset(gpu_name, stack), path)
+            paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    write_stack_presets()
