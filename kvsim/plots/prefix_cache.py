@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
 
 from kvsim.plots._common import COLORS, empty_note, new_axes, set_time_limits, window
 
@@ -35,7 +36,9 @@ def plot_prefix_hit_rate(
 ) -> Figure:
     """Prefix-cache hit rate over time: per time bin (bars) and cumulative (line), over the
     requests first admitted by then — hit tokens / prompt tokens, vLLM's
-    ``prefix_cache_hit_rate`` (the line ends at the summary's value over the whole run)."""
+    ``prefix_cache_hit_rate`` (the line ends at the summary's value over the whole run). The
+    y axis spans what is drawn (a 4% rate is not a sliver at the foot of 0-100%); with no hit
+    at all, the picture says so."""
     fig, ax = new_axes("Prefix-cache hit rate", "simulated time (s)", "hit rate")
     if "prefix_hit_tokens" not in requests:
         return _no_prefix_cache(ax, fig)
@@ -53,9 +56,16 @@ def plot_prefix_hit_rate(
         rate = np.where(q > 0, h / q, np.nan)
     ax.bar(edges[:-1], rate, width=np.diff(edges), align="edge", color=COLORS["cached"],
            label="per interval")  # fmt: skip
-    cumulative = np.cumsum(hits) / np.cumsum(queries)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cumulative = np.cumsum(hits) / np.cumsum(queries)
     ax.step(t, cumulative, where="post", color=COLORS["filled"], lw=1.5, label="cumulative")
-    ax.set_ylim(0, 1)
+    top = float(np.nanmax(np.concatenate([rate, cumulative, [0.0]])))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(0, min(1.0, top * 1.15) if top > 0 else 0.01)
+    if top > 0:
+        ax.set_title(f"Prefix-cache hit rate ({cumulative[-1]:.1%} of prompt tokens)")
+    else:
+        empty_note(ax, "no prefix-cache hits: no request shared a cached prefix")
     fig.legend(loc="outside lower center", ncol=2, fontsize="small")
     set_time_limits(ax, t_from, t_to)
     return fig

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvsim.analysis.occupancy import cached_intervals
@@ -110,3 +111,31 @@ def test_the_report_of_a_v1_run_shows_its_prefix_cache(v1_run: RunResult) -> Non
     assert f"{s['prefix_cache_hit_rate']:.1%} ({s['prefix_cache_hits']:,} of" in page
     assert page.count("data:image/png") == len(PICTURES)
     assert "<th>prefill</th>" in page and "cached, evictable" in page
+
+
+def requests_with_hits(hit_share: float) -> pd.DataFrame:
+    """100 requests of 1,000 prompt tokens admitted over 100 s, each hitting ``hit_share``."""
+    return pd.DataFrame(
+        {
+            "admit_time_s": np.arange(100.0),
+            "prompt_tokens": np.full(100, 1000),
+            "prefix_hit_tokens": np.full(100, round(1000 * hit_share)),
+        }
+    )
+
+
+def test_the_hit_rate_axis_fits_a_small_rate() -> None:
+    fig = plot_prefix_hit_rate(requests_with_hits(0.04))
+    bottom, top = fig.axes[0].get_ylim()
+    assert bottom == 0 and 0.04 < top <= 0.05  # 4% fills the axis, not 4% of 0-100%
+    assert "4.0% of prompt tokens" in fig.axes[0].get_title()
+    plt.close(fig)
+    fig = plot_prefix_hit_rate(requests_with_hits(0.9))
+    assert fig.axes[0].get_ylim()[1] == 1.0  # never past 100%
+    plt.close(fig)
+
+
+def test_a_run_without_hits_says_so() -> None:
+    fig = plot_prefix_hit_rate(requests_with_hits(0.0))
+    assert any("no prefix-cache hits" in t.get_text() for t in fig.axes[0].texts)
+    plt.close(fig)
