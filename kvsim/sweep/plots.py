@@ -25,6 +25,7 @@ BREAKDOWN = (
     ("kv_reservation_share_mean", "reservation", "#63b3ed"),
     ("kv_internal_frag_share_mean", "internal fragmentation", "#ed8936"),
     ("kv_external_frag_share_mean", "external fragmentation", "#e53e3e"),
+    ("kv_cached_share_mean", "cached, evictable", "#68d391"),  # v1: free, keeping their key
     ("kv_free_share_mean", "free", "#e2e8f0"),
 )
 LABELS = {
@@ -180,8 +181,11 @@ def plot_batch(table: pd.DataFrame, layout: Layout) -> Figure:
 
 
 def plot_memory(table: pd.DataFrame, layout: Layout) -> Figure:
-    """Time-averaged KV breakdown as stacked bars: one panel per series."""
+    """Time-averaged KV breakdown as stacked bars: one panel per series. Every part in the
+    table is stacked and in the legend, so each bar reaches 100%; the cached, evictable part
+    only where a point has one (v1 runs)."""
     series = _series(table, layout)
+    parts = [p for p in BREAKDOWN if p[0] in table and table[p[0]].notna().any()]
     cols = min(len(series), 2)
     rows = -(-len(series) // cols)
     fig, axes = plt.subplots(
@@ -197,7 +201,7 @@ def plot_memory(table: pd.DataFrame, layout: Layout) -> Figure:
         ticks = [text_label(v) for v in group[layout.x]] if layout.x else ["point"]
         x = np.arange(len(group))
         bottom = np.zeros(len(group))
-        for column, label, color in BREAKDOWN:
+        for column, label, color in parts:
             share = group[column].astype(float).fillna(0).to_numpy()
             ax.bar(x, share, 0.7, bottom=bottom, color=color, label=label, edgecolor="white")
             bottom += share
@@ -224,6 +228,12 @@ def plot_memory(table: pd.DataFrame, layout: Layout) -> Figure:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize="small")
     return fig
+
+
+NO_HITS_NOTE = (
+    "no prefix-cache hit at any point:\nthe trace gives no prefix identity\n(no hash_ids or "
+    "session ids: docs/formats.md)\nor no prefix recurs"
+)
 
 
 def has_prefix_cache(table: pd.DataFrame) -> bool:
@@ -256,6 +266,12 @@ def plot_prefix_cache(table: pd.DataFrame, layout: Layout) -> Figure:
     ok = table[table["status"] == "ok"]
     top = pd.to_numeric(ok["prefix_cache_hit_rate"], errors="coerce").max()
     hit.set_ylim(0, min(1.0, max(1.15 * float(top), 0.05)) if top == top else 1.0)
+    if not top > 0:  # a flat zero would read as a measured 0% for every configuration
+        hit.text(
+            0.5, 0.55, NO_HITS_NOTE, transform=hit.transAxes, ha="center", va="center",
+            color="#4a5568", fontsize="small", wrap=True,
+            bbox={"facecolor": "white", "edgecolor": "#a0aec0", "boxstyle": "round"},
+        )  # fmt: skip
     return fig
 
 
