@@ -86,11 +86,13 @@ def plot_gantt(
 ) -> Figure:
     """One row per request (first ``max_requests`` of those selected, see ``select_requests``),
     coloured by state over time: queued, prefill, decode, preempted; rejections and aborts
-    marked. Rows are labelled with ``requests``' request_id when given."""
+    marked. Rows are labelled with ``requests``' request_id when given. The title counts the
+    rows against every request alive in the window (the whole run without one)."""
     states = request_states(events, steps, end_s)
     shown = select_requests(
         states, seq_ids=seq_ids, max_requests=max_requests, t_from=t_from, t_to=t_to
     )
+    alive = len(select_requests(states, max_requests=len(states), t_from=t_from, t_to=t_to))
     height = min(12.0, max(3.0, 0.22 * len(shown) + 1.6))
     fig, ax = plt.subplots(figsize=(10, height), layout="constrained")
     row = pd.Series(np.arange(len(shown)), index=shown)
@@ -124,12 +126,20 @@ def plot_gantt(
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
     _label_rows(ax, shown, requests)
     ax.set_xlabel("simulated time (s)")
-    ax.set_title(f"Request states ({len(shown)} requests)")
+    ax.set_title(_gantt_title(len(shown), alive, t_from is not None or t_to is not None))
     ax.grid(alpha=0.3, axis="x")
     if not len(shown):
         empty_note(ax, "no requests in this window")
     set_time_limits(ax, t_from, t_to)
     return fig
+
+
+def _gantt_title(shown: int, alive: int, windowed: bool) -> str:
+    """ "Request states (12 requests)", or how many of how many when rows were left out."""
+    if shown >= alive:
+        return f"Request states ({shown:,} requests)"
+    where = "alive in this window" if windowed else "of the run"
+    return f"Request states: {shown:,} of the {alive:,} requests {where}"
 
 
 def _label_rows(ax: Axes, shown: np.ndarray, requests: pd.DataFrame | None) -> None:

@@ -207,3 +207,19 @@ def test_pictures_of_a_run_that_streamed_its_events(
     assert streamed.events is None
     fig = draw(streamed, "occupancy")
     assert image_of(fig).shape == (240, 800)
+
+
+def test_the_gantt_title_counts_the_requests_in_the_window(pressured_run: RunResult) -> None:
+    r = pressured_run.requests
+    t_from, t_to = 30.0, 60.0
+    end = r["finish_time_s"].fillna(pressured_run.summary["sim_duration_s"])
+    alive = int(((r["arrival_time_s"] < t_to) & (end > t_from)).sum())
+    assert alive > 40  # more than the chart draws
+    fig = plot_gantt(
+        pressured_run.events, pressured_run.steps, requests=r, t_from=t_from, t_to=t_to
+    )
+    assert (
+        fig.axes[0].get_title()
+        == f"Request states: 40 of the {alive:,} requests alive in this window"
+    )
+    assert len(fig.axes[0].get_yticks()) == 40
