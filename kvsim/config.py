@@ -53,6 +53,9 @@ MODES: tuple[str, ...] = typing.get_args(Mode)
 ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
 
 MAX_CONFIG_BYTES = 1 << 24  # a run's config.json is a few KB
+MAX_REPLICAS = 4096
+# kvsim.fleet.routers.ROUTERS's names (a test holds them equal; config imports no router code)
+ROUTER_NAMES = ("round-robin", "random", "least-loaded", "prefix", "kv-router", "cache-aware")
 
 
 # Engine mode's pinned torch threads: one thread is the setting other processes disturb least,
@@ -223,6 +226,37 @@ class RunConfig:
         unit="SECONDS",
         default_text="the end",
         check=above(0),
+    )
+    # a fleet (kvsim/fleet, docs/fleet.md)
+    replicas: int = option(
+        1,
+        help="Fleet: this many replicas of the engine, each with its own KV pool, behind --router",
+        unit="N",
+        sweep="param",
+        check=at_least(1, maximum=MAX_REPLICAS),
+    )
+    router: str = option(
+        "round-robin",
+        help="Fleet: which replica each request goes to: "
+        + ", ".join(ROUTER_NAMES)
+        + " (docs/fleet.md gives each formula and its source)",
+        unit="NAME",
+        sweep="param",
+        check=one_of(*ROUTER_NAMES),
+    )
+    router_event_delay_s: float = option(
+        0.05,
+        help="Fleet: how late a prefix-aware router learns of a replica's KV events",
+        unit="SECONDS",
+        flag="--router-event-delay",
+        sweep="param",
+        check=at_least(0, maximum=2.0**32),
+    )
+    router_oracle: bool = option(
+        False,
+        help="Fleet: a prefix-aware router reads the replicas' caches directly instead of their "
+        "KV events (what stale events cost, by comparison)",
+        sweep="param",
     )
     allocator: Allocator = option(
         "paged",
@@ -400,6 +434,13 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
     lambda c: (
         "--step-time prices cost-mode steps; engine mode measures them"
         if c.step_time is not None and c.mode != "cost"
+        else None
+    ),
+    lambda c: (
+        "a fleet (--replicas above 1) runs in cost mode with the v1 scheduler and paged KV "
+        "blocks, open loop (no --concurrency)"
+        if c.replicas > 1
+        and (c.mode != "cost" or c.resolved_scheduler() != "v1" or c.concurrency is not None)
         else None
     ),
     _engine_only_in_cost_mode,

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine import Scheduler, SchedulerConfig, make_scheduler
+from engine import Scheduler, make_scheduler
 from engine.core.events import ChunkCallback, Columns
-from engine.v1.prefix_keys import PrefixSource, prefix_from_hash_ids
+from engine.v1.prefix_keys import prefix_from_hash_ids
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
-from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown, final_length
-from kvsim.analysis.metrics import events_frame, mark_events, requests_table, steps_table, summarize
-from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
+from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
+from kvsim.analysis.measure import measure
+from kvsim.analysis.metrics import events_frame, mark_events
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits, scheduling_limits
 from kvsim.costmodel import (
@@ -29,9 +29,11 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
+from kvsim.fleet.run import simulate_fleet
 from kvsim.option_spec import parse_step_time
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
+from kvsim.sim.engine_config import prefix_source_of, scheduler_config
 from kvsim.sim.engine_mode import (
     SESSION_STREAM_TOKENS,
     EngineExecutor,
@@ -61,6 +63,8 @@ class RunResult:
     events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
     events_path: Path | None = None
     marks_table: Table | None = None  # PREEMPT and REJECT events, for the plots
+    # More tables of the run folder, by name (a fleet's "routing": routing.parquet)
+    extra_tables: dict[str, Table] = field(default_factory=dict)
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
 
     def _frame(self, name: str, table: Table) -> pd.DataFrame:
@@ -82,21 +86,6 @@ class RunResult:
     def marks(self) -> pd.DataFrame | None:
         """PREEMPT and REJECT events (time_s, kind, seq_id, free_blocks), for the plots."""
         return None if self.marks_table is None else self._frame("marks", self.marks_table)
-
-
-def scheduler_config(
-    config: RunConfig, limits: SchedulingLimits, max_model_len: int | None
-) -> SchedulerConfig:
-    """The engine's SchedulerConfig for ``config`` (vLLM's option names map one to one)."""
-    return SchedulerConfig(
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        scheduler=config.resolved_scheduler(),
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        policy=config.scheduling_policy,
-    )
 
 
 def load_workload(config: RunConfig) -> tuple[Path, Trace]:
@@ -213,6 +202,16 @@ def run(
         "step_time": executor.describe() if isinstance(executor, LinearStepExecutor) else None,
         "warnings": warnings,
     }
+    if config.replicas > 1:
+        if on_start is not None:
+            on_start(len(trace.requests))
+        summary, requests, steps, routing = simulate_fleet(
+            config, trace, num_blocks, max_model_len,
+            lambda: build_executor(config, cost_model), limits,
+        )  # fmt: skip
+        return RunResult(
+            config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}
+        )
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
         events_path=events_path, keep_events=keep_events, on_start=on_start, limits=limits,
@@ -310,19 +309,7 @@ def simulate(
         compiled = compiled_v1_applies(scheduler, executor, config.fast_decode)
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
-        # Placeholder tokens say nothing about sharing: the trace's hash_ids do, or else its
-        # session ids (docs/formats.md, "Prefix identity").
-        hash_block_size, block_size = trace.hash_block_size, config.block_size
-
-        def prefix_of(request: Request) -> PrefixSource:
-            if not request.hash_ids and request.session_id is not None:
-                return prefix_from_hash_ids(
-                    [session_stream_key(request.session_id)], SESSION_STREAM_TOKENS,
-                    request.prompt_tokens, block_size,
-                )  # fmt: skip
-            return prefix_from_hash_ids(
-                request.hash_ids, hash_block_size, request.prompt_tokens, block_size
-            )
+        prefix_of = prefix_source_of(trace, config.block_size)
 
     def key_source(request: Request) -> tuple[list[int], int] | None:
         """prefix_of's keys for the compiled core: (hash_ids, hash_block_size), or None."""
@@ -347,7 +334,6 @@ def simulate(
         seed=config.seed,
         until=config.until,
     )
-    v1 = config.resolved_scheduler() == "v1"
     # A v1 run with prefix caching stores each CACHE / EVICT block's key (events.parquet's
     # block_hash), for `kvsim export-kv-events`.
     keyed = config.caches_prefixes() and (events_path is not None or keep_events)
@@ -420,21 +406,8 @@ def simulate(
             keyed_chunks.close()
         # The metrics are computed while the writer thread encodes the last chunks (the
         # default trace's run waited 40-100 ms for it here); close() still raises its errors.
-        steps = add_kv_breakdown(
-            steps_table(result, v1=v1), result, config.allocator, max_model_len, usage, v1=v1
-        )
-        adm = prefix_cache = None
-        if v1:
-            prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
-            adm = admissions(result.recorder.columns()[0], prompt)
-            prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
-        requests = requests_table(result, steps, adm)
+        requests, steps, summary = measure(config, result, max_model_len, usage, block_states)
         events = events_frame(result, block_hashes=keyed) if not streamed else None
-        summary = summarize(
-            result, requests, steps,
-            closed_loop=config.concurrency is not None, measured=config.mode == "engine",
-            prefix_cache=prefix_cache,
-        )  # fmt: skip
         marks = mark_events(result)
     finally:
         if writer is not None:

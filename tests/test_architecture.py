@@ -25,6 +25,7 @@ KVSIM_LAYERS = (
     ("kvsim.outputs",),
     ("kvsim.plots",),
     ("kvsim.runner",),
+    ("kvsim.fleet",),
     ("kvsim.analysis",),
     ("kvsim.sim",),
     ("kvsim.config",),

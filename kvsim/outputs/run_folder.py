@@ -38,8 +38,8 @@ RUN_FOLDER = FolderKind(
     marker_file="config.json",
     marker_key="kvsim_run",
     entries=frozenset(
-        {"config.json", "summary.json", *(f"{t}.parquet" for t in TABLES), "plots",
-         "report.html", "run.perfetto.json"}
+        {"config.json", "summary.json", *(f"{t}.parquet" for t in TABLES), "routing.parquet",
+         "plots", "report.html", "run.perfetto.json"}
     ),
 )  # fmt: skip
 
@@ -82,7 +82,8 @@ def write_run_files(
     }
     (tmp / "config.json").write_bytes(_json_bytes(config))
     (tmp / "summary.json").write_bytes(_json_bytes(_nan_to_none(result.summary)))
-    for name, table in (("requests", result.requests_table), ("steps", result.steps_table)):
+    tables = {"requests": result.requests_table, "steps": result.steps_table}
+    for name, table in {**tables, **result.extra_tables}.items():
         pq.write_table(table.to_arrow(), tmp / f"{name}.parquet", compression="zstd")
     events_file = tmp / "events.parquet"
     if result.events is not None:
@@ -104,6 +105,19 @@ def _write_pictures(result: RunResult, folder: Path, workers: int = 1) -> None:
     from kvsim.outputs.report import build_report
     from kvsim.plots import read_pngs, write_run_plots
 
+    if "replica" in result.steps_table:  # a fleet: its own pictures (docs/fleet.md)
+        from kvsim.plots.fleet import write_fleet_plots
+
+        paths = write_fleet_plots(result.steps, result.requests, result.summary, folder / "plots")
+        pngs = {p.stem.replace("_", "-"): p.read_bytes() for p in paths}
+        tables = _Tables(
+            result.summary, result.requests, result.steps, result.marks, result.config,
+            result.resolved,
+        )  # fmt: skip
+        title = f"kvsim fleet: {result.resolved.get('trace_name', '')}"
+        html = build_report(tables, title=title, names=list(pngs), pngs=pngs)
+        (folder / "report.html").write_text(html, encoding="utf-8")
+        return
     events = result.events
     if events is None and (folder / "events.parquet").exists():
         rows = pq.ParquetFile(folder / "events.parquet").metadata.num_rows

@@ -116,6 +116,9 @@ class Simulation:
         keep_block_hashes: bool = False,
         keep_kinds: Iterable[EventKind] | None = None,
         progress_every_steps: int = PROGRESS_EVERY_STEPS,
+        env: simpy.Environment | None = None,
+        recorder_class: type[EventRecorder] = EventRecorder,
+        on_step_end: Callable[[SchedulerOutput], None] | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
@@ -126,13 +129,18 @@ class Simulation:
         one), prefix-cache keys of CACHE / EVICT blocks with ``keep_block_hashes``, and only
         the events of ``keep_kinds`` if given (what the chunk consumers have already
         accounted for need not stay in memory). ``progress`` (of ``run``) is called
-        every ``progress_every_steps`` steps and at the end."""
+        every ``progress_every_steps`` steps and at the end. ``env`` is a clock shared with
+        other simulations (a fleet's replicas, kvsim.fleet), which then feeds the requests
+        with ``submit`` and ``close_arrivals`` instead of ``run``; ``recorder_class`` lets
+        such a caller watch the events as they are recorded, and ``on_step_end`` each step's
+        output once its sequences are updated (not with the multi-step decoding of a fast
+        scheduler, whose plain decode steps make no output)."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
-        self.env = simpy.Environment()
+        self.env = simpy.Environment() if env is None else env
         # partial(attrgetter) reads the clock without a Python-level frame per event: simpy's
         # ``now`` is a property returning ``_now``, which the engine loop also sets directly.
-        self.recorder = EventRecorder(
+        self.recorder = recorder_class(
             clock=functools.partial(operator.attrgetter("_now"), self.env),
             on_chunk=on_events_chunk,
             keep_block_ids=keep_block_ids,
@@ -163,6 +171,7 @@ class Simulation:
         v1 = scheduler.config.scheduler == "v1"
         self._cached_free = array("q") if v1 else None
         self._progress_every = progress_every_steps
+        self._on_step_end = on_step_end
         self._next_progress = progress_every_steps
         self._decode_step_time: Callable[[int, int, int], float] | None = None
         self._reject_reasons: dict[int, str] = {}
@@ -244,6 +253,10 @@ class Simulation:
             if request.cancel_after_s is not None:
                 deadline = env.timeout(request.cancel_after_s)
                 deadline.callbacks.append(functools.partial(self._cancel, request.request_id))
+        self.close_arrivals()
+
+    def close_arrivals(self) -> None:
+        """Nothing more will be submitted: the engine loop ends once the queue drains."""
         self._all_submitted = True
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -260,9 +273,7 @@ class Simulation:
             np.random.default_rng(s.seed),
             abort=self.abort,
         )
-        self._all_submitted = True
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self.close_arrivals()
 
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, sched, executor = self.env, self.scheduler, self.executor
@@ -305,6 +316,8 @@ class Simulation:
             yield from self._advance_clock(dt)
             for seq in sched.update(out, tokens):
                 self._finish_seq(seq)
+            if self._on_step_end is not None:
+                self._on_step_end(out)
             self._report(progress)
 
     def _advance_clock(self, dt: float) -> Generator[simpy.Event, Any, None]:
@@ -376,13 +389,17 @@ class Simulation:
         if sync is not None:
             sync()  # leave every Sequence exact for whoever looks at them next
 
+    def start_engine(self, progress: Progress | None = None) -> simpy.Process:
+        """The engine loop as a process of ``env`` (a shared clock's caller feeds it)."""
+        if progress is None:
+            self._next_progress = sys.maxsize  # the per-step check then never fires
+        return self.env.process(self._engine_loop(progress))
+
     def run(self, progress: Progress | None = None) -> SimResult:
         """Replay the workload to its end (or ``settings.until``) and return the result."""
         env = self.env
-        if progress is None:
-            self._next_progress = sys.maxsize  # the per-step check then never fires
         start = time.perf_counter()
-        engine = env.process(self._engine_loop(progress))
+        engine = self.start_engine(progress)
         workload = self._closed_loop_workload() if self._closed_loop else self._open_loop()
         env.process(workload)
         stop: simpy.Event = engine
@@ -390,7 +407,11 @@ class Simulation:
             stop = env.any_of([engine, env.timeout(self.settings.until)])
         with fewer_gc_passes():
             env.run(until=stop)
-        wall = time.perf_counter() - start
+        return self.collect(time.perf_counter() - start, progress)
+
+    def collect(self, wall_time_s: float, progress: Progress | None = None) -> SimResult:
+        """The result once the clock has stopped (``wall_time_s``: what the run took)."""
+        env = self.env
         if progress is not None:
             progress(env.now, self._num_done)
         self._before_flush()
@@ -408,7 +429,7 @@ class Simulation:
             step_filled_slots=np.frombuffer(self._filled, dtype=np.int64).copy(),
             step_num_running=np.frombuffer(self._running, dtype=np.int64).copy(),
             sim_end_s=float(env.now),
-            wall_time_s=wall,
+            wall_time_s=wall_time_s,
             reject_reasons=self._reject_reasons,
             step_prefill_tokens=prefill,
             step_cached_free_blocks=None

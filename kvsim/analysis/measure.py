@@ -1,0 +1,43 @@
+"""A simulation's measurements: requests.parquet's and steps.parquet's tables and summary.json
+from its result and the trackers that followed its events (a run's and each fleet replica's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvsim.analysis.block_states import BlockStateTracker
+from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown
+from kvsim.analysis.metrics import requests_table, steps_table, summarize
+from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
+from kvsim.analysis.table import Table
+from kvsim.config import RunConfig
+from kvsim.sim.simulation import SimResult
+
+
+def measure(
+    config: RunConfig,
+    result: SimResult,
+    max_model_len: int | None,
+    usage: PagedUsageTracker | None,
+    block_states: BlockStateTracker | None,
+) -> tuple[Table, Table, dict[str, Any]]:
+    """requests.parquet's and steps.parquet's tables and summary.json of a simulation's
+    ``result`` (``usage`` and ``block_states``: the trackers that followed its events)."""
+    v1 = config.resolved_scheduler() == "v1"
+    steps = add_kv_breakdown(
+        steps_table(result, v1=v1), result, config.allocator, max_model_len, usage, v1=v1
+    )
+    adm = prefix_cache = None
+    if v1:
+        prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
+        adm = admissions(result.recorder.columns()[0], prompt)
+        prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
+    requests = requests_table(result, steps, adm)
+    summary = summarize(
+        result, requests, steps,
+        closed_loop=config.concurrency is not None, measured=config.mode == "engine",
+        prefix_cache=prefix_cache,
+    )  # fmt: skip
+    return requests, steps, summary

@@ -1,0 +1,134 @@
+"""What a prefix-aware router knows of each replica's cache: its KV events, late.
+
+vLLM publishes ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` after each step
+(kvsim/outputs/kv_events.py writes the same schema); routers such as llm-d's precise
+prefix-cache scorer and Dynamo's KV router keep an index of them per worker. The index here
+receives each replica's events as the replica records them and applies them ``delay_s``
+later, so a router decides on the cache as it was, not as it is. A key may be held by
+several blocks of one replica (two sequences cached the same content); the index counts
+them, so it holds a key exactly while some block of the replica does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.core.event_kinds import EventKind
+from engine.core.events import EventRecorder
+
+_STORED, _REMOVED, _CLEARED = 0, 1, 2
+_CACHE, _EVICT, _RESET = int(EventKind.CACHE), int(EventKind.EVICT), int(EventKind.CACHE_RESET)
+
+
+class KvEventIndex:
+    """Per replica, the block keys its KV events say it holds, ``delay_s`` after the fact."""
+
+    def __init__(self, num_replicas: int, delay_s: float) -> None:
+        if delay_s < 0:
+            raise ValueError(f"the router's event delay must be >= 0 seconds, got {delay_s}")
+        self.delay_s = delay_s
+        self._held: list[dict[int, int]] = [{} for _ in range(num_replicas)]
+        self._pending: deque[tuple[float, int, int, Sequence[int]]] = deque()
+
+    def publish(self, time_s: float, replica: int, op: int, keys: Sequence[int]) -> None:
+        """A replica's event at ``time_s`` (simulated seconds): published events arrive in
+        time order, so one queue keeps them due in order."""
+        self._pending.append((time_s + self.delay_s, replica, op, keys))
+
+    def advance(self, now_s: float) -> None:
+        """Apply every event due by ``now_s``."""
+        pending, held = self._pending, self._held
+        while pending and pending[0][0] <= now_s:
+            _, replica, op, keys = pending.popleft()
+            counts = held[replica]
+            if op == _STORED:
+                for key in keys:
+                    counts[key] = counts.get(key, 0) + 1
+            elif op == _REMOVED:
+                for key in keys:
+                    left = counts.get(key, 0) - 1
+                    if left > 0:
+                        counts[key] = left
+                    else:
+                        counts.pop(key, None)
+            else:
+                counts.clear()
+
+    def prefix_blocks(self, replica: int, keys: Sequence[int]) -> int:
+        """How many of ``keys`` (a prompt's block keys in order) the replica holds from the
+        first one on."""
+        counts = self._held[replica]
+        n = 0
+        for key in keys:
+            if key not in counts:
+                break
+            n += 1
+        return n
+
+    def num_cached_blocks(self, replica: int) -> int:
+        """Distinct keys the replica holds: the size of its cache as the router sees it."""
+        return len(self._held[replica])
+
+    def keys(self, replica: int) -> set[int]:
+        """The keys the replica holds (tests compare them with the cache itself)."""
+        return set(self._held[replica])
+
+
+class KvEventTap(EventRecorder):
+    """A replica's event recorder that also hands its CACHE / EVICT / CACHE_RESET events
+    (BlockStored / BlockRemoved / AllBlocksCleared) to a ``KvEventIndex`` as they happen.
+    Set ``index`` and ``replica`` before the first event."""
+
+    index: KvEventIndex | None = None
+    replica: int = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.prefix_cache_events = True
+        # (op, number of keys) of the CACHE / EVICT events whose keys come next
+        self._awaiting: list[tuple[int, int]] = []
+
+    def record(
+        self,
+        kind: EventKind,
+        seq_id: int,
+        free_blocks: int,
+        block_ids: Sequence[int] = (),
+        num_tokens: int = 0,
+    ) -> None:
+        super().record(kind, seq_id, free_blocks, block_ids, num_tokens)
+        if kind == _CACHE:
+            self._awaiting.append((_STORED, len(block_ids)))
+        elif kind == _EVICT:
+            self._awaiting.append((_REMOVED, len(block_ids)))
+        elif kind == _RESET and self.index is not None:
+            self.index.publish(self.clock(), self.replica, _CLEARED, ())
+
+    def record_block_events(
+        self, kinds: list[int], seq_ids: list[int], block_ids: list[int], num_tokens: list[int],
+        free_blocks: int,
+    ) -> None:  # fmt: skip
+        super().record_block_events(kinds, seq_ids, block_ids, num_tokens, free_blocks)
+        for kind in kinds:
+            if kind == _CACHE:
+                self._awaiting.append((_STORED, 1))
+            elif kind == _EVICT:
+                self._awaiting.append((_REMOVED, 1))
+
+    def record_hashes(self, block_hashes: Sequence[int] | np.ndarray) -> None:
+        super().record_hashes(block_hashes)
+        keys = block_hashes.tolist() if isinstance(block_hashes, np.ndarray) else block_hashes
+        index, now, at = self.index, self.clock(), 0
+        for op, count in self._awaiting:
+            if index is not None:
+                index.publish(now, self.replica, op, list(keys[at : at + count]))
+            at += count
+        if at != len(keys):
+            raise RuntimeError(
+                f"replica {self.replica}: {len(keys)} block keys for {at} awaited: the engine's "
+                "event protocol changed (engine/core/events.py, record_hashes)"
+            )
+        self._awaiting.clear()

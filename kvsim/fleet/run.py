@@ -1,0 +1,180 @@
+"""A fleet run, from a RunConfig to the tables of a run folder (kvsim.runner's counterpart).
+
+Each replica is built as a one-replica cost-mode run builds its engine (same pool, limits and
+step-time model; the readable v1 scheduler), records its events with a ``KvEventTap`` and
+is measured by the same code (``kvsim.runner.measure``). The run folder holds the fleet's
+requests and steps (a ``replica`` column added), ``routing.parquet`` (one row per request:
+where it went and what the router saw) and summary.json (``kvsim.fleet.summary``). A fleet
+run keeps no events.parquet (docs/fleet.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import simpy
+
+from engine import make_scheduler
+from engine.v1.prefix_keys import UniquePrefix
+from kvsim.analysis.block_states import BlockStateTracker
+from kvsim.analysis.events_io import METRIC_KINDS
+from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
+from kvsim.analysis.measure import measure
+from kvsim.analysis.table import Table
+from kvsim.config import RunConfig, SchedulingLimits
+from kvsim.fleet.kv_index import KvEventTap
+from kvsim.fleet.routers import make_router
+from kvsim.fleet.simulation import FleetSimulation, ReplicaSimulation
+from kvsim.fleet.summary import fleet_summary
+from kvsim.sim.allocators import build_allocator
+from kvsim.sim.engine_config import prefix_source_of, scheduler_config
+from kvsim.sim.executor import Executor
+from kvsim.sim.simulation import SimSettings
+from workloads import Request, Trace
+
+
+class _Replica:
+    """One replica's simulation and the trackers that follow its events."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        config: RunConfig,
+        limits: SchedulingLimits,
+        num_blocks: int,
+        max_model_len: int | None,
+        executor: Executor,
+        prefix_of: Callable[[Request], Any] | None,
+    ) -> None:
+        caching = config.caches_prefixes()
+        scheduler = make_scheduler(
+            scheduler_config(config, limits, max_model_len),
+            build_allocator(
+                "paged", num_blocks, config.block_size, limits.watermark, max_model_len,
+                enable_prefix_caching=caching,
+            ),
+        )  # fmt: skip
+        self.usage = PagedUsageTracker(
+            config.block_size,
+            lambda seq_id: final_length(self.sim.submitted[seq_id], max_model_len),
+        )
+        self.block_states = BlockStateTracker(num_blocks, track_states=False) if caching else None
+        consumers = [self.usage.consume]
+        if self.block_states is not None:
+            consumers.append(self.block_states.consume)
+
+        def on_chunk(cols: Any, block_ids: np.ndarray) -> None:
+            for consume in consumers:
+                consume(cols, block_ids)
+
+        self.sim = ReplicaSimulation(
+            [], scheduler, executor, SimSettings(seed=config.seed, until=config.until),
+            prefix_of=prefix_of, on_events_chunk=on_chunk, keep_block_ids=False,
+            keep_kinds=METRIC_KINDS, env=env, recorder_class=KvEventTap,
+        )  # fmt: skip
+
+
+def prompt_keys(
+    prefix_of: Callable[[Request], Any] | None, block_size: int
+) -> Callable[[Request], list[int]]:
+    """A request's full prompt blocks' keys as every replica keys them (``[]`` for a prompt
+    that shares nothing: its keys are salted per replica and nobody else can hit them)."""
+
+    def keys_of(request: Request) -> list[int]:
+        if prefix_of is None:
+            return []
+        source = prefix_of(request)
+        if isinstance(source, UniquePrefix):
+            return []
+        return source.prompt_block_keys(0, 0, request.prompt_tokens // block_size, block_size)  # type: ignore[no-any-return]
+
+    return keys_of
+
+
+def simulate_fleet(
+    config: RunConfig,
+    trace: Trace,
+    num_blocks: int,
+    max_model_len: int | None,
+    make_executor: Callable[[], Executor],
+    limits: SchedulingLimits,
+) -> tuple[dict[str, Any], Table, Table, Table]:
+    """Run ``trace`` through ``config.replicas`` replicas of ``num_blocks`` blocks each:
+    summary.json, requests, steps and routing tables."""
+    env = simpy.Environment()
+    prefix_of = prefix_source_of(trace, config.block_size) if config.caches_prefixes() else None
+    replicas = [
+        _Replica(env, config, limits, num_blocks, max_model_len, make_executor(), prefix_of)
+        for _ in range(config.replicas)
+    ]
+    fleet = FleetSimulation(
+        env,
+        trace.requests,
+        [r.sim for r in replicas],
+        make_router(config.router, config.replicas, config.seed),
+        prompt_keys(prefix_of, config.block_size),
+        block_size=config.block_size,
+        event_delay_s=config.router_event_delay_s,
+        oracle=config.router_oracle,
+        until=config.until,
+    )
+    result = fleet.run()
+    summaries, request_tables, step_tables = [], [], []
+    for i, (replica, sim_result) in enumerate(zip(replicas, result.replicas)):
+        requests, steps, summary = measure(
+            config, sim_result, max_model_len, replica.usage, replica.block_states
+        )
+        summaries.append(summary)
+        request_tables.append(_with_replica(requests, i))
+        step_tables.append(_with_replica(steps, i))
+    samples = [r.block_states.residency.samples() for r in replicas if r.block_states is not None]
+    requests = _in_arrival_order(request_tables, result.route_replica, result.route_seq_id)
+    summary = fleet_summary(
+        summaries,
+        requests,
+        step_tables,
+        samples,
+        {
+            "num_replicas": config.replicas,
+            "router": config.router,
+            "router_event_delay_s": config.router_event_delay_s,
+            "router_oracle": config.router_oracle,
+        },
+    )
+    routing = Table(
+        {
+            "request_id": requests["request_id"],
+            "arrival_time_s": result.route_time_s,
+            "replica": result.route_replica,
+            "seq_id": result.route_seq_id,
+            "router_prefix_blocks": result.route_prefix_blocks,
+            "prompt_blocks": result.route_prompt_blocks,
+        },
+        text=frozenset({"request_id"}),
+    )
+    return summary, requests, _concatenated(step_tables), routing
+
+
+def _with_replica(table: Table, replica: int) -> Table:
+    columns = {"replica": np.full(len(table), replica, dtype=np.int32), **table.columns}
+    return Table(columns, dict(table.categories), table.text)
+
+
+def _concatenated(tables: list[Table]) -> Table:
+    """Rows of ``tables`` (same columns and categories: one run's code wrote each) in turn."""
+    first = tables[0]
+    columns = {n: np.concatenate([t[n] for t in tables]) for n in first.columns}
+    return Table(columns, dict(first.categories), first.text)
+
+
+def _in_arrival_order(
+    tables: list[Table], route_replica: np.ndarray, route_seq_id: np.ndarray
+) -> Table:
+    """The replicas' request rows in the order the requests arrived (routing order)."""
+    merged = _concatenated(tables)
+    offsets = np.cumsum([0] + [len(t) for t in tables[:-1]])
+    order = offsets[route_replica] + route_seq_id
+    columns = {n: values[order] for n, values in merged.columns.items()}
+    return Table(columns, merged.categories, merged.text)
