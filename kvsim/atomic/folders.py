@@ -1,5 +1,5 @@
-"""Output folders written whole or not at all, and never over a user's files; single files
-written through a temporary file (see kvsim/atomic/__init__.py)."""
+"""Output folders written whole or not at all, and never over a user's files (see
+kvsim/atomic/__init__.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from kvsim.atomic.manifest import MANIFEST, Manifest
 from kvsim.atomic.names import (
     NAME_MAX,
     OutputError,
+    OutputLock,
     output_lock,
     remove_entry,
     remove_stale_temporaries,
@@ -31,9 +33,9 @@ MAX_MARKER_BYTES = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class FolderKind:
-    """A kind of folder kvsim writes: what it is called, the marker that identifies it (a JSON
-    file holding an object with ``marker_key``), and every name kvsim writes at its top level
-    (and, for ``plots``, only PNGs inside)."""
+    """A kind of folder kvsim writes: what it is called (the ``kind`` of its manifest), the
+    marker readers know it by (a JSON file holding an object with ``marker_key``; it proves
+    nothing about ownership, the manifest does), and the names kvsim writes at its top level."""
 
     what: str  # "run folder"
     marker_file: str  # "config.json"
@@ -50,17 +52,6 @@ class FolderKind:
         except (OSError, ValueError, RecursionError):
             return False
         return isinstance(data, dict) and data.get(self.marker_key) is not None
-
-    def foreign_entries(self, folder: Path) -> list[str]:
-        """Names in ``folder`` kvsim does not write there (sorted; ``plots/x`` for plots)."""
-        foreign = []
-        for entry in sorted(os.listdir(folder)):
-            if entry not in self.entries:
-                foreign.append(entry)
-            elif entry == "plots" and (folder / entry).is_dir():
-                foreign += [f"plots/{p}" for p in sorted(os.listdir(folder / entry))
-                            if not p.endswith(".png")]  # fmt: skip
-        return foreign
 
 
 # --- swapping a folder into place ----------------------------------------------------------
@@ -90,7 +81,7 @@ def exchange(a: Path, b: Path) -> bool:
     return _renameat2(a, b, _RENAME_EXCHANGE)
 
 
-def _move_into_place(tmp: Path, final: Path) -> None:
+def _move_into_place(tmp: Path, final: Path, lock: OutputLock) -> None:
     """Put ``tmp`` at ``final``, keeping any folder already there until ``tmp`` is in place."""
     if not os.path.lexists(final):
         if not _renameat2(tmp, final, _RENAME_NOREPLACE):
@@ -101,7 +92,7 @@ def _move_into_place(tmp: Path, final: Path) -> None:
         return
     # No atomic swap: move the old folder aside, then the new one in. A process that dies in
     # between leaves the old one under an ``old`` name that the next writer puts back.
-    old = temp_path(final, "old")
+    old = lock.register(temp_path(final, "old"))
     os.rename(final, old)
     os.rename(tmp, final)
     remove_entry(old)
@@ -153,41 +144,47 @@ def check_name(final: Path, what: str = "output") -> None:
     if size > NAME_MAX:
         raise OutputError(f"{final}: file name too long ({size} bytes; at most {NAME_MAX})")
     if os.path.islink(final):
-        raise OutputError(f"{final}: is a symbolic link; give the folder it points to")
-
-
-def check_output_file(path: Path, *, force: bool) -> None:
-    """Raise ``OutputError`` unless ``path`` may be written as one output file: it must not be
-    a folder, and an existing file is replaced only with ``force`` (it may be the user's)."""
-    if os.path.isdir(path):
-        raise OutputError(f"{path}: is a folder (a directory), not a file: name the file to write")
-    if os.path.lexists(path) and not force:
-        raise OutputError(f"{path}: exists; pass --force to replace it")
+        raise OutputError(
+            f"{final}: is a symbolic link; kvsim does not write through links: give the path "
+            "it points to"
+        )
 
 
 def check_target(final: Path, kind: FolderKind, *, force: bool) -> None:
     """Raise ``OutputError`` unless ``final`` may be written: it does not exist, or it is a
-    ``kind`` folder holding only what kvsim writes and ``force`` is given."""
+    ``kind`` folder whose manifest lists every entry of its tree with the bytes it holds
+    now (kvsim/atomic/manifest.py), and ``force`` is given."""
     check_name(final, kind.what)
     if not os.path.lexists(final):
         return
     if not final.is_dir():
         raise OutputError(f"{final}: exists and is not a folder; kvsim will not replace it")
-    if not kind.is_marked(final):
+    manifest = Manifest.read(final)
+    if manifest is None:
+        if kind.is_marked(final):
+            raise OutputError(
+                f"{final}: looks like a kvsim {kind.what} ({kind.marker_file}) but has no "
+                f"{MANIFEST} listing what kvsim wrote (an older kvsim's, or a copy), so kvsim "
+                "cannot tell that nothing in it is yours; delete it yourself if you no longer "
+                "need it, or choose another --out"
+            )
         empty = " (it is empty: remove it first)" if not any(os.scandir(final)) else ""
         raise OutputError(
-            f"{final}: exists and is not a kvsim {kind.what} (no {kind.marker_file} written "
-            f"by kvsim){empty}; kvsim replaces only folders it wrote: choose another --out"
+            f"{final}: exists and is not a kvsim {kind.what} (no {MANIFEST} written by "
+            f"kvsim){empty}; kvsim replaces only folders it wrote: choose another --out"
+        )
+    if manifest.kind != kind.what:
+        raise OutputError(
+            f"{final}: is a kvsim {manifest.kind}, not a kvsim {kind.what}; choose another --out"
         )
     try:
-        foreign = kind.foreign_entries(final)
+        foreign = manifest.foreign(final)
     except OSError as exc:
         raise OutputError(f"{final}: cannot read the folder: {_os_problem(exc)}") from None
     if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
         raise OutputError(
-            f"{final}: holds {foreign[0]!r}{more}, which kvsim did not write; move it away or "
-            "choose another --out"
+            f"{final}: holds {foreign}, which kvsim did not write; move it away or choose "
+            "another --out"
         )
     if not force:
         raise OutputError(f"{final}: holds an earlier kvsim {kind.what}; --force replaces it")
@@ -239,14 +236,17 @@ def output_folder(
     removed and ``final`` is left as it was. Nothing of this process's is left beside
     ``final`` afterwards.
     """
-    return atomic_dir(final, lambda path: check_target(path, kind, force=force))
+    return atomic_dir(final, lambda path: check_target(path, kind, force=force), kind=kind.what)
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path, check: Callable[[Path], None] | None = None) -> Iterator[Path]:
+def atomic_dir(
+    final: Path, check: Callable[[Path], None] | None = None, *, kind: str
+) -> Iterator[Path]:
     """``output_folder`` for a folder with rules of its own: ``check(final)`` raises unless
     ``final`` may be replaced; it runs before anything is made, again under the lock, and
-    before the swap (``check_name`` always applies)."""
+    before the swap (``check_name`` always applies). The folder gets a manifest of ``kind``
+    listing everything the block wrote."""
     final = Path(final)
 
     def may_write(path: Path) -> None:
@@ -260,7 +260,7 @@ def atomic_dir(final: Path, check: Callable[[Path], None] | None = None) -> Iter
         # A failed or interrupted write leaves no folder it made (``runs/`` included).
         stack.callback(_remove_empty, created)  # rmdir: only folders left empty go
         try:
-            stack.enter_context(output_lock(final))
+            lock = stack.enter_context(output_lock(final))
         except OutputError:
             raise
         except OSError as exc:
@@ -269,16 +269,17 @@ def atomic_dir(final: Path, check: Callable[[Path], None] | None = None) -> Iter
             ) from None
         remove_stale_temporaries(final.parent)
         may_write(final)  # again, now that we hold the lock
-        tmp = temp_path(final)
         try:
+            tmp = lock.register(temp_path(final))
             os.mkdir(tmp)  # 0777 less the umask: an ordinary folder
         except OSError as exc:
             raise OutputError(f"{final}: cannot write: {_os_problem(exc)}") from None
         try:
             yield tmp
+            Manifest.of_tree(tmp, kind).write(tmp)  # last: it lists every file written
             may_write(final)  # nothing else came in meanwhile
             with deferred_signals():
-                _move_into_place(tmp, final)
+                _move_into_place(tmp, final, lock)
         except BaseException:
             remove_entry(tmp)
             raise
@@ -286,17 +287,19 @@ def atomic_dir(final: Path, check: Callable[[Path], None] | None = None) -> Iter
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file beside it and a rename (the file
-    gets the usual mode, 0666 less the umask)."""
+    gets the usual mode, 0666 less the umask). The caller decides whether ``path`` may be
+    replaced (kvsim.atomic.output_file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
-    tmp = temp_path(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with output_lock(path) as lock:
+        remove_stale_temporaries(path.parent)
+        tmp = lock.register(temp_path(path))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise

@@ -1,10 +1,11 @@
-"""Temporaries beside an output, named so that a later process can tell whose they are, and
-the lock that keeps two kvsim processes from writing one folder at once.
+"""Temporaries beside an output, and the lock that keeps two kvsim processes from writing one
+output at once.
 
-``.NAME.kvsim-tmp-HOST-PID-RANDOM``: a folder or file being written (or an old run just
-swapped out); ``.NAME.kvsim-old-HOST-PID-RANDOM``: an old run moved aside where no atomic swap
-exists; ``.NAME.kvsim-lock``: the lock of NAME. HOST is a hash of the host name, PID the
-writer's process id: the temporaries of dead processes of this host are stale.
+``.NAME.kvsim-tmp-HOST-PID-RANDOM``: a folder being written (or an old output just swapped
+out); ``.NAME.kvsim-old-HOST-PID-RANDOM``: an old output moved aside where no atomic swap
+exists; ``.NAME.kvsim-lock``: the lock of NAME, holding its owner record
+(kvsim/atomic/owner.py), which lists every temporary the holder made. The names are for
+people; what a later writer removes is decided by the record alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from kvsim.atomic.owner import MAX_RECORD_BYTES, OwnerRecord
 from kvsim.errors import KvsimError
 
 if sys.platform != "win32":
@@ -25,9 +27,7 @@ if sys.platform != "win32":
 
 # Longest file name most file systems take, in bytes.
 NAME_MAX = 255
-_TEMP = re.compile(
-    r"^\.(?P<name>.+)\.kvsim-(?P<what>tmp|old)-(?P<host>[0-9a-f]{6})-(?P<pid>\d+)-\w+$"
-)
+_TEMP = re.compile(r"^\.(?P<name>.+)\.kvsim-(?P<what>tmp|old)-[0-9a-f]{6}-\d+-\w+$")
 _LOCK = re.compile(r"^\..+\.kvsim-lock$")
 
 
@@ -77,16 +77,6 @@ def lock_path(final: Path) -> Path:
 # --- stale temporaries ---------------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def remove_entry(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -95,35 +85,71 @@ def remove_entry(path: Path) -> None:
             path.unlink()
 
 
+def _read_record(fd: int) -> OwnerRecord | None:
+    try:
+        return OwnerRecord.parse(os.pread(fd, MAX_RECORD_BYTES, 0))
+    except OSError:
+        return None
+
+
+def _remove_temporaries(parent: Path, record: OwnerRecord) -> list[Path]:
+    """Remove the temporaries a dead ``record`` lists (an old output it moved aside but never
+    replaced is put back under its name instead); return what went."""
+    removed = []
+    # Old outputs first: one may have to be put back before its name's temporaries go.
+    for name in sorted(record.temporaries, key=lambda n: ".kvsim-old-" not in n):
+        path = parent / name
+        if not record.owns(name) or not os.path.lexists(path):
+            continue
+        match = _TEMP.match(name)
+        if match and match["what"] == "old" and not _swapped_in(parent, match["name"], path):
+            continue  # put back, or (a cut name, a failed rename) left for the user
+        remove_entry(path)
+        removed.append(path)
+    return removed
+
+
 def remove_stale_temporaries(parent: Path) -> list[Path]:
     """Remove what killed kvsim processes of this host left in ``parent``; return it.
 
-    An old folder a process moved aside but never replaced (it died between its two renames)
-    is put back under its name instead. Temporaries of live processes are left alone, and so
-    is anything whose name kvsim would not have made.
+    Only a lock file holding a valid owner record whose process is dead on this host, and the
+    temporaries that record lists, are removed. Anything else, whatever its name, is left.
     """
     try:
         names = os.listdir(parent)
     except OSError:
         return []
-    host, me = _host_id(), os.getpid()
     removed = []
-    # Old folders first: one may have to be put back before its name's temporaries go.
-    for name in sorted(names, key=lambda n: ".kvsim-old-" not in n):
-        match = _TEMP.match(name)
-        if match is None:
-            if _LOCK.match(name) and _take_stale_lock(lock := parent / name):
-                removed.append(lock)
-            continue
-        path = parent / name
-        pid = int(match["pid"])
-        if match["host"] != host or pid == me or _alive(pid):
-            continue
-        if match["what"] == "old" and not _swapped_in(parent, match["name"], path):
-            continue  # put back, or (a cut name, a failed rename) left for the user
-        remove_entry(path)
-        removed.append(path)
+    for name in sorted(names):
+        if _LOCK.match(name):
+            removed += _reap_lock(parent / name)
     return removed
+
+
+def _reap_lock(path: Path) -> list[Path]:
+    """If no process holds the lock ``path`` and its record's process is dead, remove that
+    record's temporaries and the lock; return what went."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not os.path.samestat(os.fstat(fd), os.lstat(path)):
+                return []
+        except OSError:
+            return []  # held: its writer is alive
+        record = _read_record(fd)
+        if record is None or not record.is_dead_here():
+            return []
+        removed = _remove_temporaries(path.parent, record)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+        return removed
+    finally:
+        os.close(fd)
 
 
 def _swapped_in(parent: Path, name: str, old: Path) -> bool:
@@ -140,59 +166,61 @@ def _swapped_in(parent: Path, name: str, old: Path) -> bool:
     return False
 
 
-def _take_stale_lock(path: Path) -> bool:
-    """Remove the lock file ``path`` if no process holds it."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    try:
-        if os.path.samestat(os.fstat(fd), os.stat(path)):
-            os.unlink(path)
-            return True
-        return False
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 # --- the lock ------------------------------------------------------------------------------
 
 
+class OutputLock:
+    """A held lock: its owner record names every temporary made beside the output."""
+
+    def __init__(self, fd: int, record: OwnerRecord) -> None:
+        self._fd = fd
+        self.record = record
+
+    def _write(self) -> None:
+        data = self.record.to_bytes()
+        os.ftruncate(self._fd, 0)
+        if os.pwrite(self._fd, data, 0) != len(data):
+            raise OSError(28, os.strerror(28))
+
+    def register(self, temporary: Path) -> Path:
+        """Record ``temporary`` (a name beside the output) before it is made; return it."""
+        self.record.temporaries.append(temporary.name)
+        self._write()
+        return temporary
+
+
 @contextlib.contextmanager
-def output_lock(final: Path) -> Iterator[None]:
-    """Hold the lock of ``final`` (a file beside it, removed on release); raise
-    ``OutputBusyError`` at once if another process holds it."""
+def output_lock(final: Path) -> Iterator[OutputLock]:
+    """Hold the lock of ``final`` (a file beside it holding the owner record, removed on
+    release); raise ``OutputBusyError`` at once if another process holds it. A lock left by a
+    dead writer is taken over, and the temporaries its record lists are removed first."""
     path = lock_path(final)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode("ascii", "replace").strip()
+            holder = _read_record(fd)
             os.close(fd)
-            who = f" (pid {holder})" if holder.isdigit() else ""
+            who = f" (pid {holder.pid})" if holder is not None else ""
             raise OutputBusyError(
-                f"{final}: another kvsim process{who} is writing this folder; wait for it "
+                f"{final}: another kvsim process{who} is writing this output; wait for it "
                 "or choose another --out"
             ) from None
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
         if same:  # not a file another process unlinked while we waited for it
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield
+        previous = _read_record(fd)
+        if previous is not None and previous.is_dead_here():
+            _remove_temporaries(path.parent, previous)
+        lock = OutputLock(fd, OwnerRecord.mine())
+        lock._write()
+        yield lock
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

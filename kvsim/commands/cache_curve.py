@@ -123,6 +123,9 @@ def cache_curve_command(
             help="Folder for curve.csv and curve.png", metavar="DIR", show_default="write nothing"
         ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the --out folder if kvsim wrote it")
+    ] = False,
 ) -> None:
     """Prefix-cache hit rate against cache capacity for a trace with hash_ids: LRU at every
     capacity (stack distances) and the optimal policy (Belady), the upper bound no eviction
@@ -136,7 +139,7 @@ def cache_curve_command(
 
     try:
         if out is not None:
-            check_out_folder(out)
+            check_out_folder(out, force=force)
         loaded = load_trace(resolve_trace(trace))
         curve = cache_curve(loaded, block_size, capacities)
         pool_tokens, pool_label = pool_capacity(trace, model, gpu, tp, curve.block_size)
@@ -144,7 +147,7 @@ def cache_curve_command(
         if out is not None:
             write_curve_folder(curve, out, pool_tokens=pool_tokens, pool_label=pool_label,
                                title=f"Prefix-cache hit rate: {loaded.name}, "
-                               f"{curve.block_size}-token blocks")  # fmt: skip
+                               f"{curve.block_size}-token blocks", force=force)  # fmt: skip
     except (KvsimError, WorkloadError) as exc:
         fail(str(exc))
     except OSError as exc:

@@ -19,7 +19,7 @@ def export_kv_events_command(
         Path,
         typer.Option("--out", "-o", metavar="FILE", help="JSON Lines file to write."),
     ],
-    force: Annotated[bool, typer.Option("--force", help="Replace FILE if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace FILE if kvsim wrote it.")] = False,
 ) -> None:
     """Export BlockStored / BlockRemoved / AllBlocksCleared events, one vLLM KVEventBatch per
     step (docs/formats.md), for KV-router tooling. Needs a --scheduler v1 run with prefix
@@ -30,8 +30,12 @@ def export_kv_events_command(
     try:
         run = read_run(run_dir)
         num_batches, num_events = write_kv_events(run, out, force=force)
-    except (KvsimError, OSError, ValueError) as exc:
+    except (KvsimError, ValueError) as exc:
         fail(str(exc))
+    except OSError as exc:
+        from kvsim.commands.run import os_error_message
+
+        fail(os_error_message(exc))
     say("wrote ", out, f" ({num_events:,} KV events in {num_batches:,} batches)")
 
 

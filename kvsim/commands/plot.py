@@ -20,19 +20,44 @@ from kvsim.errors import KvsimError
 RunDir = Annotated[
     Path, typer.Argument(metavar="RUN_DIR", help="A run folder written by kvsim run.")
 ]
-ForceOption = Annotated[bool, typer.Option("--force", help="Replace the --out file if it exists.")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace the --out file if kvsim wrote it.")
+]
 
 
-def _check_out(out: Path | None, force: bool) -> None:
-    """A file the user names is never replaced without --force (the run folder's own
-    report.html / run.perfetto.json, the defaults, are kvsim's to rewrite)."""
+# The run folder's files a picture command reads: never one of its outputs.
+RUN_INPUTS = ("config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet")
+
+
+def _inputs(run_dir: Path) -> tuple[Path, ...]:
+    return tuple(run_dir / name for name in RUN_INPUTS)
+
+
+def _check_out(out: Path | None, force: bool, run_dir: Path) -> None:
+    """A file the user names is replaced only with --force and only if kvsim wrote it (the
+    run folder's own report.html / run.perfetto.json, the defaults, are kvsim's to rewrite);
+    never one of the run folder's tables. Checked before any work."""
     from kvsim.atomic import check_output_file
 
     if out is not None:
         try:
-            check_output_file(out, force=force)
+            check_output_file(out, force=force, inputs=_inputs(run_dir))
         except KvsimError as exc:
             fail(str(exc))
+
+
+def os_error_message(exc: OSError) -> str:
+    from kvsim.commands.run import os_error_message as line  # run's imports only when needed
+
+    return line(exc)
+
+
+def _write_file(path: Path, default: bool, force: bool, run_dir: Path, write: Any) -> None:
+    """``write(tmp)`` makes the file; it replaces ``path`` by kvsim's one output rule."""
+    from kvsim.atomic import output_file
+
+    with output_file(path, force=force, default=default, inputs=_inputs(run_dir)) as tmp:
+        write(tmp)
 
 
 FromOption = Annotated[
@@ -116,18 +141,20 @@ def plot_command(
             "--out",
             "-o",
             metavar="DIR",
-            help="Folder for the PNGs.",
+            help="Folder for the PNGs (a new one, or one kvsim plot wrote, with --force).",
             show_default="RUN_DIR/plots",
         ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the --out folder if kvsim plot wrote it.")
+    ] = False,
 ) -> None:
     """Draw pictures of a run as PNGs: occupancy map, free blocks, KV breakdown, Gantt chart,
     latency CDFs, batch size; a v1 run's prefix-cache hit rate and prompt tokens too.
 
     Reads RUN_DIR's tables, so any picture can be redrawn over any time window. A run folder
     without events.parquet (a sweep point) gets the pictures that need no events."""
-    from kvsim.plots import NEEDS_EVENTS, write_pictures
-    from kvsim.plots.side_by_side import picture_workers
+    from kvsim.plots import NEEDS_EVENTS
 
     names = picture_names(what)
     run = _read(run_dir, t_from, t_to)
@@ -135,12 +162,11 @@ def plot_command(
         if name in NEEDS_EVENTS:
             _needs_events(run, f"the {name} picture")
     try:
-        paths = write_pictures(
-            run, out or run_dir / "plots", names, t_from=t_from, t_to=t_to,
-            workers=picture_workers(),
-        )  # fmt: skip
-    except (KvsimError, OSError) as exc:
+        paths = _draw_pictures(run, run_dir, out, names, force, t_from, t_to)
+    except KvsimError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     except DRAW_ERRORS as exc:
         fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
     for path in paths:
@@ -150,6 +176,53 @@ def plot_command(
             f"skipped {', '.join(NEEDS_EVENTS)}: no events.parquet; "
             + NO_EVENTS_HINT.format(run=run_dir)
         )
+
+
+def _draw_pictures(
+    run: Any,
+    run_dir: Path,
+    out: Path | None,
+    names: list[str] | None,
+    force: bool,
+    t_from: float | None,
+    t_to: float | None,
+) -> list[Path]:
+    """Draw into RUN_DIR/plots (each picture a file of the run folder, replaced only if kvsim
+    wrote it, and listed in the folder's manifest), or into the new folder ``out``."""
+    import shutil
+    import tempfile
+
+    from kvsim.atomic import FolderKind, check_output_file, output_folder
+    from kvsim.plots import write_pictures
+    from kvsim.plots.side_by_side import picture_workers
+
+    default = run_dir / "plots"
+    workers = picture_workers()
+    if out is not None and not _same_place(out, default):
+        kind = FolderKind("pictures folder", "", "", frozenset())
+        with output_folder(out, kind, force=force) as tmp:
+            drawn = write_pictures(run, tmp, names, t_from=t_from, t_to=t_to, workers=workers)
+        return [out / p.name for p in drawn]
+    with tempfile.TemporaryDirectory(prefix="kvsim-plot-") as scratch:
+        drawn = write_pictures(run, Path(scratch), names, t_from=t_from, t_to=t_to, workers=workers)
+        for path in drawn:  # every target checked before any is written
+            check_output_file(default / path.name, force=force, default=True)
+        for path in drawn:
+            _write_file(
+                default / path.name,
+                True,
+                force,
+                run_dir,
+                lambda tmp, p=path: shutil.copyfile(p, tmp),
+            )
+    return [default / p.name for p in drawn]
+
+
+def _same_place(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def animate_command(
@@ -177,23 +250,22 @@ def animate_command(
     """Animate the block pool over a time window."""
     from kvsim.plots.animation import animate_occupancy
 
-    _check_out(out, force)
+    _check_out(out, force, run_dir)
     run = _read(run_dir, t_from, t_to)
     _needs_events(run, "kvsim animate")
     try:
-        animate_occupancy(
-            run.events,
-            int(run.summary["num_blocks"]),
-            out,
-            t_from=t_from,
-            t_to=t_to,
-            frames=frames,
-            fps=fps,
-            by_request=by_request,
-            end_s=float(run.summary["sim_duration_s"]),
-        )
-    except (KvsimError, OSError) as exc:
+        _write_file(
+            out, False, force, run_dir,
+            lambda tmp: animate_occupancy(
+                run.events, int(run.summary["num_blocks"]), tmp, t_from=t_from, t_to=t_to,
+                frames=frames, fps=fps, by_request=by_request,
+                end_s=float(run.summary["sim_duration_s"]),
+            ),
+        )  # fmt: skip
+    except KvsimError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     except DRAW_ERRORS as exc:
         fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
     say("wrote ", out, f" ({frames} frames)")
@@ -218,7 +290,7 @@ def report_command(
     from kvsim.plots import read_pngs, write_pictures
     from kvsim.plots.side_by_side import picture_workers
 
-    _check_out(out, force)
+    _check_out(out, force, run_dir)
     run = _read(run_dir, t_from, t_to)
     path = out or run_dir / "report.html"
     title = f"kvsim run: {run.path.name} ({run.config.trace})"
@@ -229,9 +301,14 @@ def report_command(
                 run, Path(drawn), t_from=t_from, t_to=t_to, workers=picture_workers()
             )
             pngs = read_pngs(paths)
-        write_report(run, path, title=title, t_from=t_from, t_to=t_to, pngs=pngs)
-    except (KvsimError, OSError) as exc:
+        _write_file(
+            path, out is None, force, run_dir,
+            lambda tmp: write_report(run, tmp, title=title, t_from=t_from, t_to=t_to, pngs=pngs),
+        )  # fmt: skip
+    except KvsimError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     except DRAW_ERRORS as exc:
         fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
     say("wrote ", path)
@@ -265,7 +342,7 @@ def export_trace_command(
     """Export a Chrome trace-event JSON timeline for ui.perfetto.dev or chrome://tracing."""
     from kvsim.outputs.perfetto import build_trace, validate_trace, write_trace
 
-    _check_out(out, force)
+    _check_out(out, force, run_dir)
     run = _read(run_dir, t_from, t_to)
     _needs_events(run, "kvsim export-trace")
     path = out or run_dir / "run.perfetto.json"
@@ -280,9 +357,11 @@ def export_trace_command(
             end_s=float(run.summary["sim_duration_s"]),
         )
         validate_trace(doc)
-        write_trace(doc, path)
-    except (KvsimError, OSError) as exc:
+        _write_file(path, out is None, force, run_dir, lambda tmp: write_trace(doc, tmp))
+    except KvsimError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     except DRAW_ERRORS as exc:
         fail(f"{run_dir}: cannot build its timeline (edited by hand?): {type(exc).__name__}: {exc}")
     say("wrote ", path, f" ({len(doc['traceEvents']):,} trace events)")

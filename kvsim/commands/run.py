@@ -28,12 +28,20 @@ Opt = typer.Option
 
 
 def default_out(trace: str, folder: str = "runs") -> Path:
-    """``runs/<trace>-<timestamp>``, with ``-2``, ``-3``, ... if that is taken already."""
+    """``runs/<trace>-<timestamp>``, with ``-2``, ``-3``, ... if that is taken already (or
+    being written)."""
     stem = Path(trace).stem or folder.rstrip("s")
-    base = Path(folder) / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    out, n = base, 1
-    while os.path.lexists(out):
-        n += 1
+    return next_free(Path(folder) / f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def next_free(base: Path, n: int = 1) -> Path:
+    """``base`` (for ``n`` 1) or ``base-N`` for the first N >= ``n`` that is neither taken
+    nor being written by another kvsim process."""
+    from kvsim.atomic import lock_path
+
+    out = base if n <= 1 else base.with_name(f"{base.name}-{n}")
+    while os.path.lexists(out) or os.path.lexists(lock_path(out)):
+        n = max(n, 1) + 1
         out = base.with_name(f"{base.name}-{n}")
     return out
 
@@ -54,7 +62,9 @@ def os_error_message(exc: OSError) -> str:
     where = str(exc.filename) if exc.filename is not None else ""
     if len(where) > 200:  # a path too long to use is too long to print whole
         where = f"{where[:120]}...{where[-40:]} ({len(where):,} characters)"
-    return f"{where}: {exc.strerror}" if where and exc.strerror else str(exc)
+    if where and exc.strerror:
+        return f"{where}: {exc.strerror}"
+    return exc.strerror or str(exc)
 
 
 @with_run_options("run")
@@ -106,7 +116,9 @@ def run_command(
             config = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
         out_dir = out_path(out, config.trace, "runs")
         _notice_pure_python()
-        result = _run_and_write(config, out_dir, plots=not no_plots, force=force)
+        result, out_dir = _run_and_write(
+            config, out_dir, plots=not no_plots, force=force, default=out is None
+        )
     except user_errors() as exc:
         fail(str(exc))
     except OSError as exc:
@@ -122,22 +134,37 @@ def _notice_pure_python() -> None:
         print_notice(str(engine.compiled.unavailable_reason()))
 
 
-def _run_and_write(config: RunConfig, out_dir: Path, *, plots: bool, force: bool) -> Any:
+def _run_and_write(
+    config: RunConfig, out_dir: Path, *, plots: bool, force: bool, default: bool = False
+) -> tuple[Any, Path]:
     """Run with the events streamed into the temporary run folder (so memory stays bounded),
-    write the rest there and swap it into place; a failure or an interrupt leaves nothing."""
-    from kvsim.atomic import output_folder
+    write the rest there and swap it into place; a failure or an interrupt leaves nothing.
+    A ``default`` folder another kvsim run took meanwhile (the same second) gives way to the
+    next free name. Returns the result and the folder written."""
+    from kvsim.atomic import OutputError, lock_path, output_folder
     from kvsim.outputs.run_folder import RUN_FOLDER, write_run_files
 
-    with output_folder(out_dir, RUN_FOLDER, force=force) as tmp:
-        result = _run_with_progress(config, tmp / "events.parquet")
-        workers = 1
-        if plots:
-            from kvsim.plots.side_by_side import picture_workers
+    first = out_dir
+    for n in range(2, 1002):
+        started = False
+        try:
+            with output_folder(out_dir, RUN_FOLDER, force=force) as tmp:
+                started = True
+                result = _run_with_progress(config, tmp / "events.parquet")
+                workers = 1
+                if plots:
+                    from kvsim.plots.side_by_side import picture_workers
 
-            # the default trace's `kvsim run`, 2 cores: 6.1 -> 4.2 s (medians, 5 rounds A/B)
-            workers = picture_workers()
-        write_run_files(result, tmp, plots=plots, picture_workers=workers)
-    return result
+                    # the default trace's `kvsim run`, 2 cores: 6.1 -> 4.2 s (medians, 5 rounds)
+                    workers = picture_workers()
+                write_run_files(result, tmp, plots=plots, picture_workers=workers)
+            return result, out_dir
+        except OutputError:
+            taken = os.path.lexists(out_dir) or os.path.lexists(lock_path(out_dir))
+            if started or not default or not taken:
+                raise
+            out_dir = next_free(first, n)
+    raise OutputError(f"{out_dir}: no free name for the run folder")
 
 
 def _run_with_progress(config: RunConfig, events_path: Path) -> Any:

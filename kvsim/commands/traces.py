@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from kvsim.commands.console import Command, console, fail, plain, say
+from kvsim.errors import KvsimError
 
 # Only what the commands' signatures and help need at import time: generating, importing and
 # reading traces (numpy, the importers) load in the command that runs (bench_cli.py).
@@ -64,6 +65,9 @@ CvOption = Annotated[
 SeedOption = Annotated[
     int | None, typer.Option(metavar="INT", help="Random seed.", show_default="0")
 ]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace FILE if it is a trace kvsim wrote.")
+]
 
 
 @contextlib.contextmanager
@@ -71,17 +75,38 @@ def _bad_input() -> Iterator[None]:
     """Turn bad-input exceptions into one red line and exit code 2."""
     try:
         yield
-    except WorkloadError as err:
+    except (WorkloadError, KvsimError) as err:
         fail(str(err))
     except OSError as err:
-        fail(f"{err.filename}: {err.strerror}" if err.filename else str(err))
+        from kvsim.commands.run import os_error_message
+
+        fail(os_error_message(err))
 
 
-def _check_out(path: Path) -> None:
+def _check_out(path: Path, force: bool, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse, before any work, an output with the wrong suffix, the command's own input, or
+    an existing file kvsim cannot prove it wrote (kvsim.atomic.output_file)."""
+    from kvsim.atomic import check_output_file
     from workloads.formats import TRACE_SUFFIXES
 
     if path.suffix.lower() not in TRACE_SUFFIXES:
         fail(f"{path}: unsupported file extension; use {', '.join(TRACE_SUFFIXES)}")
+    with _bad_input():
+        check_output_file(path, force=force, inputs=inputs)
+
+
+def _save(trace: Any, out: Path, force: bool, inputs: tuple[Path, ...] = ()) -> None:
+    """Write ``trace`` to ``out`` by kvsim's one output rule (kvsim.atomic.output_file)."""
+    from kvsim.atomic import output_file
+    from workloads import save_trace
+
+    with output_file(out, force=force, inputs=inputs) as tmp:
+        save_trace(trace, tmp)
+
+
+def _spec_files(*specs: str) -> tuple[Path, ...]:
+    """The trace files that ``trace:FILE`` length SPECs read (a generator's inputs)."""
+    return tuple(Path(s[len("trace:") :]) for s in specs if s.startswith("trace:"))
 
 
 def gen(
@@ -106,15 +131,17 @@ def gen(
     name: Annotated[
         str | None, typer.Option(metavar="NAME", help="Trace name.", show_default="the file stem")
     ] = None,
+    force: ForceOption = False,
 ) -> None:
     """Write a synthetic trace: seeded arrivals (poisson or gamma) and token lengths from SPECs.
 
     Same options and seed give a byte-identical file. Example:
     kvsim gen -o t.jsonl --rate 5 --duration 60 --prompt lognormal:1000:1.0 --output fixed:200
     """
-    from workloads import generate_trace, save_trace
+    from workloads import generate_trace
 
-    _check_out(out)
+    inputs = _spec_files(prompt, output)
+    _check_out(out, force, inputs)
     if rate is None:
         fail("--rate is required (requests/s)")
     if (duration is None) == (num_requests is None):
@@ -132,7 +159,7 @@ def gen(
             seed=0 if seed is None else seed,
             name=name or out.stem,
         )
-        save_trace(trace, out)
+        _save(trace, out, force, inputs)
     last = trace.requests[-1].arrival_time_s
     say(f"wrote {len(trace)} requests over {last:.1f} s to ", out)
 
@@ -200,21 +227,22 @@ def import_trace(
         int | None,
         typer.Option(metavar="N", help="lengths: use the first N usable rows.", show_default="all"),
     ] = None,
+    force: ForceOption = False,
 ) -> None:
     """Convert a public trace (azure, mooncake, lengths, burstgpt) to a kvsim trace file.
 
     --rate/--arrival/--cv/--seed/--num-requests apply to lengths only (rows have no times).
     """
-    from workloads import IMPORTERS, save_trace, truncate
+    from workloads import IMPORTERS, truncate
 
-    _check_out(out)
+    _check_out(out, force, (file,))
     with _bad_input():
         options = _import_options(fmt, rate, arrival, cv, seed, num_requests)
         result = IMPORTERS[fmt.value](file, name=name or out.stem, **options)
         trace = result.trace
         if limit is not None or max_duration is not None:
             trace = truncate(trace, max_requests=limit, max_duration_s=max_duration)
-        save_trace(trace, out)
+        _save(trace, out, force, (file,))
     say(
         f"imported {len(trace)} requests from {result.num_rows} rows of {file} "
         f"({_dropped_text(result)}) to {out}"

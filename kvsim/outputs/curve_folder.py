@@ -1,9 +1,9 @@
 """What ``kvsim cache-curve --out DIR`` leaves on disk: curve.csv and curve.png.
 
-Both are written into a temporary folder renamed into place, so nothing half-written is left.
-An existing DIR is replaced only when it is empty or is itself a cache-curve folder (nothing in
-it but curve.csv, with curve.csv's header, and curve.png): nothing else of the user's is ever
-deleted or overwritten.
+Both are written into a temporary folder renamed into place, so nothing half-written is left,
+with kvsim's manifest. An existing DIR is replaced only with ``--force`` and only when its
+manifest proves it is a cache-curve folder kvsim wrote, holding nothing else (kvsim.atomic):
+nothing of the user's is ever deleted or overwritten.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvsim.analysis.cache_curve import CURVE_COLUMNS, CacheCurve
-from kvsim.atomic import atomic_dir
-from kvsim.errors import KvsimError
+from kvsim.atomic import FolderKind, check_target, output_folder
 
 CURVE_CSV = "curve.csv"
 CURVE_PNG = "curve.png"
-_OURS = {CURVE_CSV, CURVE_PNG}
-
-
-class CurveFolderError(KvsimError):
-    """The --out folder exists and is not one kvsim cache-curve may replace."""
+CURVE_FOLDER = FolderKind(
+    what="cache-curve folder",
+    marker_file=CURVE_CSV,
+    marker_key="",
+    entries=frozenset({CURVE_CSV, CURVE_PNG}),
+)
 
 
 def _number(value: object) -> str:
@@ -55,28 +55,10 @@ def curve_csv(rows: Sequence[Mapping[str, object]]) -> bytes:
     return buffer.getvalue().encode()
 
 
-def is_curve_folder(path: Path) -> bool:
-    """Whether ``path`` holds only what kvsim cache-curve writes, curve.csv included."""
-    names = {p.name for p in path.iterdir()}
-    if CURVE_CSV not in names or not names <= _OURS or not (path / CURVE_CSV).is_file():
-        return False
-    with open(path / CURVE_CSV, encoding="utf-8", errors="replace") as f:
-        return f.readline().rstrip("\n") == ",".join(CURVE_COLUMNS)
-
-
-def check_out_folder(path: Path) -> None:
-    """Raise CurveFolderError unless ``path`` is absent, an empty folder or a cache-curve
-    folder (which writing replaces)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    if not path.is_dir():
-        raise CurveFolderError(f"{path}: exists and is not a folder; choose another --out")
-    if any(path.iterdir()) and not is_curve_folder(path):
-        raise CurveFolderError(
-            f"{path}: folder is not empty and is not a cache-curve folder (only {CURVE_CSV} "
-            f"and {CURVE_PNG}); choose another --out"
-        )
+def check_out_folder(path: Path, *, force: bool = False) -> None:
+    """Raise ``kvsim.atomic.OutputError`` unless ``path`` is absent, or a cache-curve folder
+    kvsim wrote and ``force`` is given."""
+    check_target(Path(path), CURVE_FOLDER, force=force)
 
 
 def write_curve_folder(
@@ -86,17 +68,18 @@ def write_curve_folder(
     pool_tokens: float | None = None,
     pool_label: str = "KV pool",
     title: str | None = None,
+    force: bool = False,
 ) -> Path:
     """Write ``out``/curve.csv and ``out``/curve.png (the pool's capacity marked) atomically.
 
     Raises:
-        CurveFolderError: ``out`` exists and may not be replaced (see check_out_folder).
+        kvsim.atomic.OutputError: ``out`` exists and may not be replaced (see check_out_folder).
     """
     from kvsim.plots._common import png_bytes
     from kvsim.plots.cache_curve import plot_cache_curve
 
     out = Path(out)
-    check_out_folder(out)
+    check_out_folder(out, force=force)
     extra = {} if title is None else {"title": title}
     fig = plot_cache_curve(curve.frame(), pool_tokens=pool_tokens, pool_label=pool_label, **extra)
     try:
@@ -105,7 +88,7 @@ def write_curve_folder(
         import matplotlib.pyplot as plt
 
         plt.close(fig)
-    with atomic_dir(out, check_out_folder) as tmp:
+    with output_folder(out, CURVE_FOLDER, force=force) as tmp:
         (tmp / CURVE_CSV).write_bytes(curve_csv(curve.rows))
         (tmp / CURVE_PNG).write_bytes(image)
     return out

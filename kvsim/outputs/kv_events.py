@@ -25,9 +25,7 @@ Keys are kvsim's 64-bit block keys written as unsigned integers (vLLM's
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.atomic import check_output_file, remove_stale_temporaries, temp_path
+from kvsim.atomic import output_file
 from kvsim.errors import KvsimError
 
 MEDIUM = "GPU"
@@ -149,28 +147,23 @@ def check_exportable(run: Any) -> None:
 
 
 def write_kv_events(run: Any, path: Path, *, force: bool = False) -> tuple[int, int]:
-    """Write ``run``'s KV events to ``path`` (JSON Lines, one batch per line) through a
-    temporary file beside it; an existing ``path`` is replaced only with ``force`` (and
-    never a directory). Returns (batches, events) written."""
+    """Write ``run``'s KV events to ``path`` (JSON Lines, one batch per line) by kvsim's one
+    output rule (kvsim.atomic.output_file): written whole or not at all, an existing file
+    replaced only with ``force`` and only if kvsim wrote it, never the run's own tables.
+    Returns (batches, events) written."""
     check_exportable(run)
     path = Path(path)
-    check_output_file(path, force=force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
-    tmp = temp_path(path)
+    inputs = [Path(run.path) / f"{t}.parquet" for t in ("requests", "steps", "events")]
+    inputs += [Path(run.path) / "config.json", Path(run.path) / "summary.json"]
     num_batches = num_events = 0
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            batches = kv_event_batches(run.events, run.steps, int(run.summary["block_size"]))
-            for batch in batches:
-                f.write(json.dumps(batch, separators=(",", ":"), allow_nan=False))
-                f.write("\n")
-                num_batches += 1
-                num_events += len(batch[1])
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with (
+        output_file(path, force=force, inputs=inputs) as tmp,
+        open(tmp, "w", encoding="utf-8") as f,
+    ):
+        batches = kv_event_batches(run.events, run.steps, int(run.summary["block_size"]))
+        for batch in batches:
+            f.write(json.dumps(batch, separators=(",", ":"), allow_nan=False))
+            f.write("\n")
+            num_batches += 1
+            num_events += len(batch[1])
     return num_batches, num_events

@@ -393,7 +393,11 @@ def test_cli_writes_curve_csv_and_png(tmp_path: Path) -> None:
     result = kvsim("cache-curve", SAMPLE, "--capacity-tokens", "1e5,1e6,3e6,inf", "--out", out)
     assert result.exit_code == 0, result.output
     assert "KV pool of llama-2-7b on a100-80gb" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["curve.csv", "curve.png"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "curve.csv",
+        "curve.png",
+        "kvsim-manifest.json",
+    ]
     with open(out / "curve.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == CURVE_COLUMNS
@@ -407,9 +411,11 @@ def test_cli_writes_curve_csv_and_png(tmp_path: Path) -> None:
     assert [float(r["hit_rate"]) for r in rows] == [r["hit_rate"] for r in expected.rows]
     with Image.open(out / "curve.png") as image:
         assert image.width > 400 and image.height > 200
-    # A cache-curve folder is recognised and replaced; the block size changes the rows.
-    again = kvsim("cache-curve", SAMPLE, "--block-size", "64", "--capacity-tokens", "1e6",
-                  "--out", out)  # fmt: skip
+    # A cache-curve folder is recognised and replaced with --force; the block size changes
+    # the rows.
+    args = ["cache-curve", SAMPLE, "--block-size", "64", "--capacity-tokens", "1e6", "--out", out]
+    assert_one_error_line(kvsim(*args), "--force")
+    again = kvsim(*args, "--force")
     assert again.exit_code == 0, again.output
     assert (out / "curve.csv").read_text().splitlines()[1].startswith("1000000,15625,lru,")
 
@@ -443,10 +449,11 @@ def test_cli_never_replaces_a_folder_it_did_not_write(tmp_path: Path) -> None:
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    assert_one_error_line(kvsim("cache-curve", SAMPLE, "--out", out), "not a cache-curve folder")
+    refusal = "not a kvsim cache-curve folder"
+    assert_one_error_line(kvsim("cache-curve", SAMPLE, "--out", out, "--force"), refusal)
     # A curve.csv among other files is not enough either.
     (out / "curve.csv").write_text(",".join(CURVE_COLUMNS) + "\n")
-    assert_one_error_line(kvsim("cache-curve", SAMPLE, "--out", out), "not a cache-curve folder")
+    assert_one_error_line(kvsim("cache-curve", SAMPLE, "--out", out, "--force"), refusal)
     assert (out / "notes.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("x")
     assert_one_error_line(kvsim("cache-curve", SAMPLE, "--out", tmp_path / "file"), "not a folder")

@@ -52,7 +52,8 @@ def test_plot_some_pictures_elsewhere(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "pics"
     result = kvsim("plot", run_dir, "--what", "gantt", "-w", "occupancy", "--out", out)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "occupancy.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "kvsim-manifest.json",
+                                                     "occupancy.png"]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", ["plot", "report", "export-trace"])
@@ -92,7 +93,7 @@ def test_report_is_one_self_contained_file(run_dir: Path, tmp_path: Path) -> Non
     out = tmp_path / "report.html"
     result = kvsim("report", run_dir, "-o", out)
     assert result.exit_code == 0, result.output
-    assert list(tmp_path.iterdir()) == [out]
+    assert sorted(tmp_path.iterdir()) == [tmp_path / ".report.html.kvsim.json", out]  # its proof
     page = out.read_text()
     assert page.count('src="data:image/png;base64,') == len(CLASSIC_PICTURES)
     assert "http://" not in page and "https://" not in page and "<script" not in page
@@ -136,17 +137,26 @@ def test_export_trace_defaults_into_the_run_folder(run_dir: Path) -> None:
 def test_a_named_output_file_is_replaced_only_with_force(
     run_dir: Path, tmp_path: Path, command: str, name: str, extra: list[str]
 ) -> None:
-    out = tmp_path / name
-    out.write_text("mine")
-    refused = kvsim(command, run_dir, "-o", out, *extra)
-    assert_one_error_line(refused, "--force")
-    assert out.read_text() == "mine"
+    mine = tmp_path / name
+    mine.write_text("mine")
+    for force in ([], ["--force"]):  # the user's file: never replaced
+        refused = kvsim(command, run_dir, "-o", mine, *extra, *force)
+        assert_one_error_line(refused, "not a file kvsim wrote")
+    assert mine.read_text() == "mine"
     folder = tmp_path / "folder"
     folder.mkdir()
     assert_one_error_line(kvsim(command, run_dir, "-o", folder, *extra), "folder")
-    replaced = kvsim(command, run_dir, "-o", out, *extra, "--force")
+    out = tmp_path / "k" / name
+    assert kvsim(command, run_dir, "-o", out, *extra).exit_code == 0
+    first = out.read_bytes()
+    assert_one_error_line(kvsim(command, run_dir, "-o", out, *extra), "--force")
+    replaced = kvsim(command, run_dir, "-o", out, *extra, "--force")  # kvsim's: replaced
     assert replaced.exit_code == 0, replaced.output
-    assert out.read_bytes() != b"mine"
+    assert out.read_bytes() == first
+    # the run folder's own tables are its input, never an output
+    for table in ("config.json", "events.parquet"):
+        line = "is this command's input"
+        assert_one_error_line(kvsim(command, run_dir, "-o", run_dir / table, *extra), line)
 
 
 def test_what_names_every_picture_a_run_writes(run_dir: Path, tmp_path: Path) -> None:
@@ -156,4 +166,5 @@ def test_what_names_every_picture_a_run_writes(run_dir: Path, tmp_path: Path) ->
     out = tmp_path / "v1"
     result = kvsim("plot", run_dir, "-w", "hit-rate,prompt-tokens", "--out", out)
     assert result.exit_code == 0, result.output  # a classic run: each picture draws a note
-    assert sorted(p.name for p in out.iterdir()) == ["prefix_hit_rate.png", "prompt_tokens.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["kvsim-manifest.json", "prefix_hit_rate.png",
+                                                     "prompt_tokens.png"]  # fmt: skip

@@ -11,7 +11,8 @@ from typer.testing import CliRunner, Result
 from kvsim.analysis.metrics import WALL_CLOCK_FIELDS
 from kvsim.cli import app
 
-FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet"}
+FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet",
+         "kvsim-manifest.json"}  # fmt: skip
 
 
 def kvsim(*args: str | Path) -> Result:

@@ -110,13 +110,19 @@ def test_streamed_keys_equal_the_in_memory_runs(conversation_trace: Path, v1_dir
 
 def test_an_existing_file_is_replaced_only_with_force(v1_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "mine.jsonl"
-    out.write_text("keep me\n")
-    assert_one_error_line(kvsim("export-kv-events", v1_dir, "-o", out), "exists", "--force")
+    out.write_text("keep me\n")  # the user's: never replaced, not even with --force
+    for force in ([], ["--force"]):
+        line = "is not a file kvsim wrote"
+        assert_one_error_line(kvsim("export-kv-events", v1_dir, "-o", out, *force), line)
     assert out.read_text() == "keep me\n"
-    assert kvsim("export-kv-events", v1_dir, "-o", out, "--force").exit_code == 0
+    out.unlink()
+    assert kvsim("export-kv-events", v1_dir, "-o", out).exit_code == 0
+    assert_one_error_line(kvsim("export-kv-events", v1_dir, "-o", out), "exists", "--force")
+    assert kvsim("export-kv-events", v1_dir, "-o", out, "--force").exit_code == 0  # kvsim's
     assert read_batches(out)
     assert_one_error_line(kvsim("export-kv-events", v1_dir, "-o", tmp_path), "directory")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]  # no temporaries left
+    # no temporaries left; the sidecar that proves the file is kvsim's
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mine.jsonl.kvsim.json", "mine.jsonl"]
 
 
 @pytest.mark.parametrize(

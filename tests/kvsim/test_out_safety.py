@@ -24,6 +24,7 @@ from kvsim.atomic import (
     remove_stale_temporaries,
     temp_path,
 )
+from kvsim.atomic.owner import OwnerRecord, process_start
 from kvsim.cli import app
 from kvsim.commands.run import default_out
 
@@ -329,19 +330,55 @@ def test_a_killed_run_leaves_temporaries_the_next_run_removes(tmp_path: Path) ->
     assert _names(tmp_path / "runs") == ["other"]
 
 
-def test_temporaries_of_live_processes_and_other_names_are_left_alone(tmp_path: Path) -> None:
-    live = temp_path(tmp_path / "r")  # this process: alive
-    live.mkdir()
-    mine = [".r.tmp-abc", ".r.kvsim-tmp-zzzzzz-1-ab", "r.kvsim-tmp-000000-1-ab", "notes.txt"]
-    for name in mine:
-        (tmp_path / name).write_text("x")
-    host = names._host_id()
-    other_host = tmp_path / live.name.replace(host, "ffffff" if host != "ffffff" else "000000")
-    other_host.mkdir()
-    dead = tmp_path / f".r.kvsim-tmp-{names._host_id()}-{_dead_pid()}-0011"
-    dead.mkdir()
-    assert remove_stale_temporaries(tmp_path) == [dead]
-    assert sorted(os.listdir(tmp_path)) == sorted([*mine, live.name, other_host.name])
+def _lock_of(parent: Path, name: str, record: OwnerRecord | None, raw: bytes = b"") -> Path:
+    path = parent / f".{name}.kvsim-lock"
+    path.write_bytes(record.to_bytes() if record is not None else raw)
+    return path
+
+
+def test_temporaries_are_removed_only_by_a_dead_owners_record(tmp_path: Path) -> None:
+    # look-alike names with no record, or with a record that proves nothing, are left alone
+    dead_pid = _dead_pid()
+    lookalikes = [f".r.kvsim-tmp-{names._host_id()}-{dead_pid}-0011", ".important.kvsim-lock",
+                  ".x.kvsim-lock", ".y.kvsim-lock", ".z.kvsim-lock", "notes.txt"]  # fmt: skip
+    (tmp_path / lookalikes[0]).mkdir()
+    (tmp_path / lookalikes[1]).write_text("my very important notes")
+    _lock_of(tmp_path, "x", None, b"false")
+    elsewhere = OwnerRecord(dead_pid, "another-host", None, None, [lookalikes[0]])
+    _lock_of(tmp_path, "y", elsewhere)
+    alive = OwnerRecord.mine()
+    alive.temporaries = [lookalikes[0]]
+    _lock_of(tmp_path, "z", alive)
+    (tmp_path / "notes.txt").write_text("x")
+    before = sorted(os.listdir(tmp_path))
+    assert remove_stale_temporaries(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == before
+    # a valid record of a dead process of this host: what it lists goes, and its lock
+    dead = OwnerRecord.mine()
+    dead.pid, dead.started = dead_pid, None
+    made = tmp_path / f".r.kvsim-tmp-{names._host_id()}-{dead_pid}-0022"
+    made.mkdir()
+    (made / "config.json").write_text("{}")
+    dead.temporaries = [made.name, "notes.txt", "../escape"]  # only its own temporaries go
+    lock = _lock_of(tmp_path, "r", dead)
+    assert sorted(remove_stale_temporaries(tmp_path)) == sorted([made, lock])
+    assert sorted(os.listdir(tmp_path)) == sorted(before)
+
+
+def test_a_reused_pid_is_dead_by_its_start_time() -> None:
+    me = OwnerRecord.mine()
+    assert not me.is_dead_here()
+    if me.started is None:
+        pytest.skip("no /proc: process start times are unknown")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        reused = OwnerRecord(child.pid, me.host, me.boot, (me.started or 0) - 1)
+        assert reused.is_dead_here()  # the pid runs, but not the process the record names
+        same = OwnerRecord(child.pid, me.host, me.boot, process_start(child.pid))
+        assert not same.is_dead_here()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _dead_pid() -> int:
@@ -392,8 +429,11 @@ def test_a_crash_after_the_swap_leaves_the_new_run_and_a_temporary_removed_later
     # of another process; here: as if this process had died
     stale = [n for n in _names(earlier_run.parent) if ".kvsim-tmp-" in n]
     assert len(stale) == 1
-    dead = stale[0].replace(f"-{os.getpid()}-", f"-{_dead_pid()}-")
+    dead_pid = _dead_pid()
+    dead = stale[0].replace(f"-{os.getpid()}-", f"-{dead_pid}-")
     os.rename(earlier_run.parent / stale[0], earlier_run.parent / dead)
+    record = OwnerRecord(dead_pid, OwnerRecord.mine().host, None, None, [dead])
+    _lock_of(earlier_run.parent, "r", record)  # what a killed writer leaves: its lock's record
     assert run_into(earlier_run.parent / "other").exit_code == 0
     assert _names(earlier_run.parent) == ["other", "r"]
 

@@ -17,7 +17,8 @@ from kvsim.outputs.run_folder import RunFolderError, read_run, write_run
 from kvsim.runner import RunResult, run
 from workloads import DEFAULT_TRACE_NAME
 
-FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet"}
+FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet",
+         "kvsim-manifest.json"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +63,12 @@ def test_summary_json_is_strict_json(short_run: RunResult, tmp_path: Path) -> No
 def test_force_replaces_an_earlier_run_folder(short_run: RunResult, tmp_path: Path) -> None:
     out = tmp_path / "run"
     write_run(short_run, out, plots=True)
-    (out / "plots" / "old.png").write_bytes(b"old")
     with pytest.raises(OutputError, match="--force replaces it"):
         write_run(short_run, out, plots=False)
+    (out / "plots" / "old.png").write_bytes(b"old")  # the user's: no longer kvsim's folder
+    with pytest.raises(OutputError, match=r"plots/old\.png"):
+        write_run(short_run, out, plots=False, force=True)
+    (out / "plots" / "old.png").unlink()
     write_run(short_run, out, plots=False, force=True)
     assert entries(out) == FILES
     assert entries(tmp_path) == {"run"}  # no temporary, old folder or lock left beside it

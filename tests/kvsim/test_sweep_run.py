@@ -17,7 +17,8 @@ from kvsim.sweep.spec import SweepError, make_spec
 from tests.kvsim.test_sweep import grid, write_tiny_trace
 
 FIGURES = {"throughput", "latency", "normalized_latency", "memory", "batch"}
-RUN_FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet"}
+RUN_FILES = {"config.json", "summary.json", "requests.parquet", "steps.parquet", "events.parquet",
+             "kvsim-manifest.json"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def test_sweep_folder_has_every_point_table_and_report(sweep: Path) -> None:
         "sweep.json",
         "report.md",
         "report.html",
+        "kvsim-manifest.json",
     }
     table = pd.read_csv(sweep / "sweep.csv")
     assert len(table) == 4 and (table["status"] == "ok").all()
