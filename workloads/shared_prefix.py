@@ -17,12 +17,17 @@ exactly when vLLM would share it: when all its tokens are equal.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from workloads.errors import SpecError
+from workloads.limits import MAX_TIME_S
 from workloads.request import Request, Trace
+
+# A recipe's trace is built in memory: ten million requests (a few GB) is the bound.
+MAX_REQUESTS = 10_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +73,23 @@ class SharedPrefixRecipe:
                 raise SpecError(f"{field_name} must be a positive integer, got {value!r}")
         if not self.stages:
             raise SpecError("a shared-prefix recipe needs at least one stage")
+        total = 0
         for index, stage in enumerate(self.stages):
-            if not (stage.rate_per_s > 0 and stage.duration_s > 0) or stage.num_requests < 1:
+            rate, duration = stage.rate_per_s, stage.duration_s
+            if not (
+                0 < rate < math.inf
+                and 0 < duration <= MAX_TIME_S
+                and 1 <= rate * duration <= MAX_REQUESTS
+            ):
                 raise SpecError(
-                    f"stages[{index}]: rate_per_s and duration_s must be positive and send at "
-                    f"least one request, got {stage.rate_per_s!r} x {stage.duration_s!r}"
+                    f"stages[{index}]: rate_per_s and duration_s must be positive and finite and "
+                    f"send 1 to {MAX_REQUESTS:,} requests, got {rate!r} x {duration!r}"
                 )
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise SpecError(f"timeout_s must be positive, got {self.timeout_s!r}")
+            total += stage.num_requests
+        if total > MAX_REQUESTS:
+            raise SpecError(f"the stages send {total:,} requests; at most {MAX_REQUESTS:,}")
+        if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_TIME_S:
+            raise SpecError(f"timeout_s must be positive and finite, got {self.timeout_s!r}")
 
     @property
     def prompt_tokens(self) -> int:

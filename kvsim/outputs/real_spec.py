@@ -8,6 +8,7 @@ Every error names the file and the key path, in one line (``RealSpecError``).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,12 @@ def load_real_spec(spec: str) -> RealSpec:
             sdoc = _checked(swhere, sdoc, _STAGE_KEYS, {"rate_per_s", "duration_s"})
             stages.append(Stage(float(sdoc["rate_per_s"]), float(sdoc["duration_s"])))
             mdoc = _checked(f"{swhere}.measured", sdoc.get("measured", {}), _MEASURED_KEYS, set())
+            for key, value in mdoc.items():
+                if type(value) is not bool and not 0 <= value < math.inf:
+                    raise RealSpecError(
+                        f"{swhere}.measured.{key}: must be a finite non-negative number, "
+                        f"got {value!r}"
+                    )
             measured.append(Measured(**mdoc))
         workloads.append(RealWorkload(_recipe(where, wdoc, client, stages), tuple(measured)))
     return RealSpec(

@@ -88,6 +88,14 @@ def write_spec(tmp_path: Path, edit: object) -> Path:
         ),
         (lambda d: d["workloads"][0].update(output_tokens=0), "workloads[0]: output_tokens"),
         (lambda d: d.update(version=2), "version 1"),
+        (
+            lambda d: d["workloads"][0]["stages"][0]["measured"].update(e2e_ms=-5),
+            "measured.e2e_ms: must be a finite non-negative number",
+        ),
+        (
+            lambda d: d["workloads"][0]["stages"][0].update(rate_per_s=1e300),
+            "workloads[0]: stages[0]",
+        ),
     ],
 )
 def test_bad_specs_name_the_file_and_key(tmp_path: Path, edit: object, message: str) -> None:

@@ -71,6 +71,9 @@ def test_same_recipe_same_trace_and_the_seed_matters() -> None:
         ({"stages": ()}, "at least one stage"),
         ({"stages": (Stage(0.001, 10.0),)}, "stages[0]"),
         ({"timeout_s": -1.0}, "timeout_s must be positive"),
+        ({"stages": (Stage(float("inf"), 10.0),)}, "stages[0]"),
+        ({"stages": (Stage(1e9, 1e9),)}, "stages[0]"),
+        ({"stages": (Stage(9e3, 1e3), Stage(9e3, 1e3))}, "at most 10,000,000"),
     ],
 )
 def test_bad_recipes_are_refused_with_the_field(changes: dict[str, object], message: str) -> None:
