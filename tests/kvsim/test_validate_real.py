@@ -119,6 +119,15 @@ def test_command_prints_the_table_writes_the_folder_and_refuses_bad_input(
     assert "h100-sxm+vllm-0.15.json" in doc["resolved"]["roleplay"]["coefficients_source"]
     assert (out / "errors.png").stat().st_size > 0
     assert (out / "stages.csv").read_text().startswith("workload,stage,")
+    again = CliRunner().invoke(
+        app, ["validate-real", SPEC, "--workload", "roleplay", "-o", str(out)]
+    )
+    assert again.exit_code == 2 and "--force" in again.output  # checked before the runs
+    (out / "notes.txt").write_text("mine")
+    forced = CliRunner().invoke(
+        app, ["validate-real", SPEC, "--workload", "roleplay", "-o", str(out), "--force"]
+    )
+    assert forced.exit_code == 2 and (out / "notes.txt").read_text() == "mine"
     bad = CliRunner().invoke(app, ["validate-real", SPEC, "--workload", "chat"])
     assert bad.exit_code == 2 and "no workload 'chat'" in bad.output
     missing = CliRunner().invoke(app, ["validate-real", str(tmp_path / "none.json")])
