@@ -16,7 +16,13 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kvsim.atomic.folders import _os_problem, _prepare_parent, _remove_empty, check_name
+from kvsim.atomic.folders import (
+    _os_problem,
+    _prepare_parent,
+    _remove_empty,
+    check_name,
+    named,
+)
 from kvsim.atomic.manifest import (
     MANIFEST,
     SIDECAR_KEY,
@@ -49,6 +55,14 @@ def _is_input(final: Path, inputs: Sequence[Path]) -> Path | None:
             if Path(final).resolve() == Path(given).resolve():
                 return Path(given)
     return None
+
+
+@contextlib.contextmanager
+def _naming(final: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise named(exc, final) from None
 
 
 def check_output_file(
@@ -148,7 +162,8 @@ def output_file(
         except OSError as exc:
             raise OutputError(f"{final}: cannot write: {_os_problem(exc)}") from None
         try:
-            yield staging / final.name
+            with _naming(final):
+                yield staging / final.name
             written = staging / final.name
             if os.path.islink(written) or not written.is_file():
                 raise OutputError(f"{final}: nothing was written")

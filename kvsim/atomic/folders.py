@@ -132,6 +132,14 @@ def _os_problem(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def named(exc: OSError, final: Path) -> OSError:
+    """``exc``, or where it names no file (a write on a full disk), the same error naming the
+    output ``final``."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(final))
+
+
 def check_name(final: Path, what: str = "output") -> None:
     """Raise ``OutputError`` if ``final`` can never be an output folder: no name, the current
     folder or one above it, a name too long for the file system, a symbolic link."""
@@ -275,7 +283,10 @@ def atomic_dir(
         except OSError as exc:
             raise OutputError(f"{final}: cannot write: {_os_problem(exc)}") from None
         try:
-            yield tmp
+            try:
+                yield tmp
+            except OSError as exc:
+                raise named(exc, final) from None
             Manifest.of_tree(tmp, kind).write(tmp)  # last: it lists every file written
             may_write(final)  # nothing else came in meanwhile
             with deferred_signals():

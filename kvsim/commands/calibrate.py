@@ -8,7 +8,6 @@ edge turns their exceptions into one red line and exit code 2.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -41,23 +40,30 @@ DeviceOption = Annotated[
 ForceOption = Annotated[bool, Opt("--force", help="Replace an existing output")]
 
 
-def _may_replace(path: Path, force: bool) -> None:
-    """A coefficient file may be written where none is, or over one kvsim wrote (a
-    kvsim-step-coefficients file) with --force; never over anything else."""
-    from kvsim.costmodel.coefficients import FORMAT
+def _may_replace(path: Path, force: bool, inputs: tuple[Path, ...] = ()) -> None:
+    """A coefficient file may be written where none is, or with --force over one kvsim wrote
+    (its sidecar says so, kvsim.atomic.output_file); never over anything else, nor over an
+    input of the command (--base, --gpu FILE). Checked before the fit."""
+    from kvsim.atomic import check_output_file
 
-    if not path.exists() and not path.is_symlink():
-        return
-    if not path.is_file():
-        fail(f"{path}: exists and is not a file; kvsim will not replace it")
     try:
-        data = json.loads(path.read_bytes()[: 1 << 22])
-    except (OSError, ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        fail(f"{path}: exists and is not a kvsim coefficient file; choose another -o")
-    if not force:
-        fail(f"{path}: holds earlier coefficients; --force replaces it")
+        check_output_file(path, force=force, inputs=inputs)
+    except KvsimError as exc:
+        fail(str(exc))
+
+
+def _save(co: StepCoefficients, path: Path, force: bool, inputs: tuple[Path, ...]) -> None:
+    from kvsim.atomic import output_file
+    from kvsim.costmodel import save_coefficients
+
+    with output_file(path, force=force, inputs=inputs) as tmp:
+        save_coefficients(co, tmp)
+
+
+def _os_line(exc: OSError) -> str:
+    from kvsim.commands.run import os_error_message
+
+    return os_error_message(exc)
 
 
 def print_tables(tables: list[tuple[str, pd.DataFrame]]) -> None:
@@ -117,7 +123,6 @@ def calibrate_command(
         load_coefficients,
         preset_coefficient_names,
         resolve_gpu,
-        save_coefficients,
     )
     from kvsim.costmodel import preset_coefficients as preset
     from kvsim.costmodel.calibrate import fit_gpu, fit_presets, noise_refusal
@@ -134,9 +139,8 @@ def calibrate_command(
                 fail(f"{out}: is not a folder (--presets writes one file per preset into it)")
             for name in fitted:
                 _may_replace(out / f"{name}.json", force)
-            out.mkdir(parents=True, exist_ok=True)
             for name, co in fitted.items():
-                save_coefficients(co, out / f"{name}.json")
+                _save(co, out / f"{name}.json", force, ())
                 say(f"wrote {out / f'{name}.json'}")
             return
         if gpu is None:
@@ -147,7 +151,8 @@ def calibrate_command(
             fail(
                 f"{profile_dir}: {reason}; measure again on a quieter machine (or pass --noisy-ok)"
             )
-        _may_replace(out, force)
+        inputs = tuple(Path(f) for f in (base, gpu) if f is not None)
+        _may_replace(out, force, inputs)
         start = (
             load_coefficients(base)
             if base
@@ -155,9 +160,11 @@ def calibrate_command(
         )
         co = fit_gpu(profiles, spec, device=device, system=system, num_sms=num_sms, base=start)
         validation = validate_gpu(profiles, spec, co, _device_of(profiles, spec, device))
-        save_coefficients(co, out)
-    except (KvsimError, OSError) as exc:
+        _save(co, out, force, inputs)
+    except KvsimError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(_os_line(exc))
     wanted = (
         "Per operator",
         "by GPU and model",
@@ -238,8 +245,10 @@ def validate_command(
         used = str(coefficients) if coefficients else "shipped presets"
         what = {"profiles": str(profile_dir), "gpus": names, "lomo": lomo, "coefficients": used}
         files = write_validation(validations, tables, out_dir, what=what, force=force)
-    except (KvsimError, OSError) as exc:
+    except KvsimError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(_os_line(exc))
     print_tables(tables)
     say(f"wrote {out_dir} ({len(files)} files)")
 

@@ -52,7 +52,7 @@ def test_calibrate_writes_the_fit_and_prints_its_error(synthetic: Path, tmp_path
     # The same output again is refused (nothing overwritten), unless --force.
     before = out.read_bytes()
     again = kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "-o", out)
-    assert "holds earlier coefficients; --force replaces it" in one_error_line(again)
+    assert "exists (written by kvsim); pass --force" in one_error_line(again)
     assert out.read_bytes() == before
     forced = kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "-o", out, "--force")
     assert forced.exit_code == 0, forced.output
@@ -133,7 +133,7 @@ def test_validate_writes_csvs_tables_and_plots(synthetic: Path, tmp_path: Path) 
     notes = tmp_path / "notes.json"
     notes.write_text("{}")
     refused = kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "-o", notes, "--force")
-    assert "not a kvsim coefficient file" in one_error_line(refused)
+    assert "not a file kvsim wrote" in one_error_line(refused)
     assert notes.read_text() == "{}" and (mine / "notes.txt").read_text() == "mine"
 
 
