@@ -139,6 +139,9 @@ class EventsWriteError(KvsimError, RuntimeError):
 
 # Rows per row group of events.parquet: about 12 MB of exploded rows held before a write.
 ROW_GROUP_ROWS = 1 << 18
+# Above this many rows the pictures do not read events.parquet back whole: the occupancy map
+# samples its blocks and the Gantt chart reads its requests' rows (kvsim/plots/large_runs.py).
+MAX_PLOTTED_EVENT_ROWS = 5_000_000
 
 
 def parquet_options(column_names: list[str]) -> dict[str, object]:

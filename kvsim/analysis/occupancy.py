@@ -85,16 +85,21 @@ def _region_sizes(events: pd.DataFrame) -> np.ndarray:
     return np.where(region, drop, 1)
 
 
-def block_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.DataFrame:
+def block_intervals(
+    events: pd.DataFrame, end_s: float | None = None, *, regions: bool = True
+) -> pd.DataFrame:
     """One row per (block, sequence) holding: block_id, seq_id, start_s, end_s, start_step,
     end_step. A block still held when the events stop ends at ``end_s`` (default: the last
     event's time) with ``end_step`` -1. A contiguous allocator's region (one ALLOCATE row
     naming its first slot) becomes one row per slot, its size read from the drop in
-    ``free_blocks``. Raises ``OccupancyError`` for a free with no allocation before it."""
+    ``free_blocks``; ``regions=False`` reads every row as one block (a paged run's rows of a
+    sample of blocks, whose free-block counts drop between rows by blocks left out). Raises
+    ``OccupancyError`` for a free with no allocation before it."""
     cols = ["time_s", "step", "seq_id", "block_id"]
     kind = events["kind"]
     is_start = kind.isin(START_KINDS).to_numpy()
-    starts = events.loc[is_start, cols].assign(size=_region_sizes(events)[is_start])
+    sizes = _region_sizes(events) if regions else np.ones(len(events), dtype=np.int64)
+    starts = events.loc[is_start, cols].assign(size=sizes[is_start])
     starts = _sorted_with_rank(starts)
     ends = _sorted_with_rank(events.loc[kind == "FREE", cols])
     keys = ["block_id", "seq_id", "rank"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.analysis.events_io import parquet_options
+from kvsim.analysis.events_io import MAX_PLOTTED_EVENT_ROWS, parquet_options
 from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError
@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLES = ("requests", "steps", "events")
-# Above this many event rows (blocks included) a run's pictures skip the occupancy map and
-# Gantt chart rather than read the whole stream back; `kvsim plot --from --to` draws a window.
-MAX_PLOTTED_EVENT_ROWS = 5_000_000
 FORMAT_VERSION = 1
 # What kvsim writes in a run folder (kvsim run, kvsim plot / report / export-trace defaults).
 RUN_FOLDER = FolderKind(
@@ -119,16 +116,19 @@ def _write_pictures(result: RunResult, folder: Path, workers: int = 1) -> None:
         (folder / "report.html").write_text(html, encoding="utf-8")
         return
     events = result.events
+    large = None  # an events file the occupancy map and Gantt chart sample (large_runs.py)
     if events is None and (folder / "events.parquet").exists():
         rows = pq.ParquetFile(folder / "events.parquet").metadata.num_rows
-        events = (
-            pd.read_parquet(folder / "events.parquet") if rows <= MAX_PLOTTED_EVENT_ROWS else None
-        )
+        if rows <= MAX_PLOTTED_EVENT_ROWS:
+            events = pd.read_parquet(folder / "events.parquet")
+        else:
+            large = folder / "events.parquet"
     if events is None:
         events = result.marks
     paths = write_run_plots(
-        result.steps, result.requests, result.summary, folder / "plots", events, workers=workers
-    )
+        result.steps, result.requests, result.summary, folder / "plots", events,
+        workers=workers, events_path=large, paged=result.config.allocator == "paged",
+    )  # fmt: skip
     pngs = read_pngs(paths)
     names = list(pngs)
     tables = _Tables(

@@ -67,17 +67,27 @@ def state_image(grid: OccupancyGrid, cached: np.ndarray) -> np.ndarray:
 
 
 def plot_occupancy_grid(
-    grid: OccupancyGrid, num_blocks: int, *, by_request: bool, cached: np.ndarray | None = None
+    grid: OccupancyGrid,
+    num_blocks: int,
+    *,
+    by_request: bool,
+    cached: np.ndarray | None = None,
+    shown_blocks: int | None = None,
+    note: str = "",
 ) -> Figure:
     """Draw an ``OccupancyGrid`` (see ``plot_occupancy``); ``cached``: a v1 run's grid of
-    cached-evictable shares (``cached_intervals``), drawn in its own colour."""
+    cached-evictable shares (``cached_intervals``), drawn in its own colour. A grid of a
+    sample of blocks spans the pool's ``shown_blocks`` on the y axis; ``note`` (what was
+    sampled) goes into the title."""
     fig, ax = new_axes("", "simulated time (s)", "physical block id", size=(10, 5))
     ax.grid(False)
     t_from, t_to = float(grid.time_edges[0]), float(grid.time_edges[-1])
+    sampled = num_blocks
+    num_blocks = shown_blocks or num_blocks
     extent = (t_from, t_to, num_blocks - 0.5, -0.5)
     rows = len(grid.row_edges) - 1
     per_row = (
-        f"one row per {num_blocks / rows:,.3g} blocks" if rows < num_blocks else "one row per block"
+        f"one row per {num_blocks / rows:,.3g} blocks" if rows < sampled else "one row per block"
     )
     if by_request:
         rgb = owner_image(grid)
@@ -113,7 +123,8 @@ def plot_occupancy_grid(
             vmax=1.0,
         )
         fig.colorbar(image, ax=ax, label="share of blocks in use", fraction=0.05, pad=0.01)
-    ax.set_title(f"Block occupancy: {num_blocks:,} blocks, {per_row}")
+    title = f"Block occupancy: {num_blocks:,} blocks, {per_row}"
+    ax.set_title(f"{title}\n({note})" if note else title)
     if num_blocks <= 16:
         ax.set_yticks(np.arange(num_blocks))
     return fig
@@ -130,12 +141,15 @@ def plot_occupancy(
     cols: int = 800,
     end_s: float | None = None,
     intervals: pd.DataFrame | None = None,
+    shown_blocks: int | None = None,
+    note: str = "",
 ) -> Figure:
     """Block occupancy map of a run over [t_from, t_to] (s; default the whole run, ending at
     ``end_s`` or the last event). ``by_request``: colour held blocks by owning request
     (default: when the pool has at most 256 blocks); otherwise by the share of blocks in use
     per cell. Pass ``intervals`` (``block_intervals``) to reuse a reconstruction. A v1 run with
-    prefix caching (``CACHE`` events) also draws its cached, evictable blocks."""
+    prefix caching (``CACHE`` events) also draws its cached, evictable blocks. ``shown_blocks``
+    and ``note``: for events of a sample of blocks (``plot_occupancy_grid``)."""
     if intervals is None:
         intervals = block_intervals(events, end_s)
     if end_s is None:
@@ -156,4 +170,7 @@ def plot_occupancy(
         evictable = cached_intervals(events, num_blocks, end_s)
         cached = occupancy_grid(evictable, num_blocks, lo, hi, max_rows=max_rows, cols=cols).share
     by_request = by_request and grid.owner is not None
-    return plot_occupancy_grid(grid, num_blocks, by_request=by_request, cached=cached)
+    return plot_occupancy_grid(
+        grid, num_blocks, by_request=by_request, cached=cached, shown_blocks=shown_blocks,
+        note=note,
+    )  # fmt: skip

@@ -65,7 +65,11 @@ def plot_prefix_hit_rate(
     if top > 0:
         ax.set_title(f"Prefix-cache hit rate ({cumulative[-1]:.1%} of prompt tokens)")
     else:
-        empty_note(ax, "no prefix-cache hits: no request shared a cached prefix")
+        empty_note(
+            ax,
+            "no prefix-cache hits: no request shared a cached prefix\n(a trace without hash_ids "
+            "or session ids gives no prefix identity: docs/formats.md)",
+        )
     fig.legend(loc="outside lower center", ncol=2, fontsize="small")
     set_time_limits(ax, t_from, t_to)
     return fig

@@ -83,16 +83,19 @@ def plot_gantt(
     t_from: float | None = None,
     t_to: float | None = None,
     end_s: float | None = None,
+    alive: int | None = None,
 ) -> Figure:
     """One row per request (first ``max_requests`` of those selected, see ``select_requests``),
     coloured by state over time: queued, prefill, decode, preempted; rejections and aborts
     marked. Rows are labelled with ``requests``' request_id when given. The title counts the
-    rows against every request alive in the window (the whole run without one)."""
+    rows against every request alive in the window (the whole run without one): ``alive``
+    gives their number where ``events`` holds only the rows of the requests drawn."""
     states = request_states(events, steps, end_s)
     shown = select_requests(
         states, seq_ids=seq_ids, max_requests=max_requests, t_from=t_from, t_to=t_to
     )
-    alive = len(select_requests(states, max_requests=len(states), t_from=t_from, t_to=t_to))
+    if alive is None:
+        alive = len(select_requests(states, max_requests=len(states), t_from=t_from, t_to=t_to))
     height = min(12.0, max(3.0, 0.22 * len(shown) + 1.6))
     fig, ax = plt.subplots(figsize=(10, height), layout="constrained")
     row = pd.Series(np.arange(len(shown)), index=shown)

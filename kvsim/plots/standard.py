@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from kvsim.plots._common import save_png, window
+from kvsim.plots.large_runs import is_large, plot_gantt_of_file, plot_sampled_occupancy
 from kvsim.plots.occupancy_map import plot_occupancy
 from kvsim.plots.prefix_cache import plot_prefix_hit_rate, plot_prompt_tokens
 from kvsim.plots.requests import MAX_GANTT_REQUESTS, plot_gantt, plot_latency_cdfs
@@ -76,6 +77,13 @@ def run_events(run: RunTables) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
+def large_events(run: RunTables) -> Path | None:
+    """The events file of ``run`` when it is too long to read back whole for the occupancy
+    map and Gantt chart (kvsim/plots/large_runs.py), else None."""
+    path = getattr(run, "events_path", None)
+    return None if path is None or not is_large(Path(path)) else Path(path)
+
+
 def draw(
     run: RunTables, name: str, *, t_from: float | None = None, t_to: float | None = None
 ) -> Figure:
@@ -83,6 +91,12 @@ def draw(
     s = run.summary
     num_blocks, end_s = int(s["num_blocks"]), float(s["sim_duration_s"])
     window_given = t_from is not None or t_to is not None
+    large = large_events(run) if name in NEEDS_EVENTS else None
+    if name == "occupancy" and large is not None:  # a sample of blocks, said in the title
+        return plot_sampled_occupancy(
+            large, num_blocks, t_from=t_from, t_to=t_to, end_s=end_s,
+            paged=getattr(run, "paged", True),
+        )  # fmt: skip
     if name == "occupancy":
         return plot_occupancy(run_events(run), num_blocks, t_from=t_from, t_to=t_to, end_s=end_s)
     if name == "free-blocks":  # preemptions and rejections marked when the events are there
@@ -93,6 +107,10 @@ def draw(
         return plot_kv_breakdown(run.steps, total_slots, t_from=t_from, t_to=t_to)
     if name == "gantt":
         seq_ids = None if window_given else gantt_default_seq_ids(run.requests)
+        if large is not None:  # the drawn requests' own rows: exact
+            return plot_gantt_of_file(
+                large, run.steps, run.requests, seq_ids, t_from=t_from, t_to=t_to, end_s=end_s
+            )
         return plot_gantt(
             run_events(run),
             run.steps,
@@ -157,17 +175,21 @@ def write_run_plots(
     events: pd.DataFrame | None = None,
     *,
     workers: int = 1,
+    events_path: Path | None = None,
+    paged: bool = True,
 ) -> list[Path]:
     """``kvsim run``'s pictures as PNGs in ``folder``: free blocks (marks from ``events``), KV
     breakdown, batch size, latency CDFs; the occupancy map and Gantt chart too when
-    ``events`` holds the whole stream (block and admission events). ``workers`` as in
+    ``events`` holds the whole stream (block and admission events), or from ``events_path``
+    when that file is too long to read whole (a sample of blocks, the drawn requests' rows:
+    kvsim/plots/large_runs.py; ``paged``: the run's allocator is). ``workers`` as in
     ``write_pictures``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     events = events if events is not None else pd.DataFrame({"kind": [], "time_s": []})
-    tables = _Tables(summary, requests, steps, events)
+    tables = _Tables(summary, requests, steps, events, events_path, paged)
     names = ["free-blocks", "kv-breakdown", "batch", "latency"]
-    if events["kind"].isin(["ALLOCATE", "ADMIT"]).any():
+    if events["kind"].isin(["ALLOCATE", "ADMIT"]).any() or large_events(tables) is not None:
         names += ["occupancy", "gantt"]
     if is_v1(tables):
         names += list(V1_PICTURES)
@@ -177,7 +199,7 @@ def write_run_plots(
 
 
 class _Tables:
-    __slots__ = ("events", "requests", "steps", "summary")
+    __slots__ = ("events", "events_path", "paged", "requests", "steps", "summary")
 
     def __init__(
         self,
@@ -185,5 +207,8 @@ class _Tables:
         requests: pd.DataFrame,
         steps: pd.DataFrame,
         events: pd.DataFrame,
+        events_path: Path | None = None,
+        paged: bool = True,
     ) -> None:
         self.summary, self.requests, self.steps, self.events = summary, requests, steps, events
+        self.events_path, self.paged = events_path, paged
