@@ -15,7 +15,8 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from kvsim.analysis.load import warnings
+from kvsim.analysis.load import saturation_text, warnings
+from kvsim.outputs.durations import duration_text
 from kvsim.plots import (
     NEEDS_EVENTS,
     PICTURES,
@@ -120,7 +121,7 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("KV usage mean / peak", f"{s['kv_usage_mean']:.1%} / {s['kv_usage_peak']:.1%}"),
         ("KV allocated, not yet filled (mean)", f"{s['internal_fragmentation_mean']:.2%}"),
-        ("saturated", _fmt(s.get("saturated"))),
+        ("saturation", saturation_text(s)),
         ("timing", _fmt(s.get("timing", "cost model"))),
         ("preemptions", _fmt(s["num_preemptions"])),
         (
@@ -131,7 +132,7 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("simulator wall time", _fmt(s.get("wall_time_s"), " s")),
     ]
     if "prefix_cache_hits" in s:  # a v1 run
-        at = [r[0] for r in rows].index("saturated")
+        at = [r[0] for r in rows].index("saturation")
         rate = s.get("prefix_cache_hit_rate")
         rows[at:at] = [
             ("KV cached, evictable (mean)", f"{s.get('kv_cached_share_mean', 0.0):.2%}"),
@@ -153,16 +154,13 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def latency_rows(s: dict[str, Any]) -> list[tuple[str, ...]]:
-    """(name, mean, p50, p90, p99) rows, in milliseconds."""
-
-    def ms(value: Any) -> str:
-        return "-" if not isinstance(value, (int, float)) else f"{value * 1000:,.1f}"
-
+    """(name, mean, p50, p90, p99) rows, each value in the unit of its size (``12.3 ms``,
+    ``1.01 h``: kvsim.outputs.durations)."""
     distributions = list(DISTRIBUTIONS)
     if "prefill_time_s" in s:  # a v1 run: TTFT = queueing delay + prefill
         distributions.insert(2, ("prefill", "prefill_time_s"))
     return [
-        (name, *(ms((s.get(key) or {}).get(q)) for q in ("mean", "p50", "p90", "p99")))
+        (name, *(duration_text((s.get(key) or {}).get(q)) for q in ("mean", "p50", "p90", "p99")))
         for name, key in distributions
     ]
 
@@ -223,7 +221,7 @@ def build_report(
             "".join(f'<p class="warn">{html.escape(n)}</p>' for n in notes),
             '<div class="tables"><div><h2>Summary</h2>',
             _table(summary_rows(run.summary)),
-            "<h2>Latency (ms)</h2>",
+            "<h2>Latency</h2>",
             _table(latency_rows(run.summary), ("", "mean", "p50", "p90", "p99")),
             "</div>",
             ("<div><h2>Options</h2>" + _table(options) + "</div>") if options else "",

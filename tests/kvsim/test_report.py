@@ -37,7 +37,7 @@ def test_summary_and_latency_tables(tiny_run: RunResult) -> None:
     assert rows["KV pool"] == "4 blocks x 4 tokens"
     assert rows["preemptions"] == "1"
     ttft = next(r for r in latency_rows(tiny_run.summary) if r[0] == "TTFT")
-    assert ttft[2] == "1,500.0"  # ms: both first tokens at the end of the 1.5 s prefill
+    assert ttft[2] == "1.50 s"  # both first tokens at the end of the 1.5 s prefill
     empty = latency_rows({"ttft_s": {"mean": None, "p50": None, "p90": None, "p99": None}})
     assert empty[1] == ("TTFT", "-", "-", "-", "-")
 
