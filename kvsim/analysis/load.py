@@ -78,8 +78,9 @@ def _queueing_share(requests: TableLike) -> float | None:
 
 def rejections(requests: TableLike) -> list[dict[str, Any]]:
     """Rejected requests by reason, most common first: ``reason`` is the engine's reason with
-    the numbers that differ between those requests written N (``prompt of N tokens exceeds
-    max_model_len 4096``), ``count`` how many, ``example`` the first one's own reason."""
+    each number that differs between those requests written as their range (``prompt of 4097
+    to 31000 tokens exceeds max_model_len 4096``), ``count`` how many, ``example`` the first
+    one's own reason."""
     rejected = column(requests, "finish_reason")[is_label(requests, "status", "rejected")]
     groups: dict[str, list[list[str]]] = {}
     for why in map(str, rejected):
@@ -89,7 +90,7 @@ def rejections(requests: TableLike) -> list[dict[str, Any]]:
     for members in groups.values():
         first = members[0]
         merged = [
-            part if i % 2 == 0 or all(m[i] == part for m in members) else "N"
+            part if i % 2 == 0 or all(m[i] == part for m in members) else _range(members, i)
             for i, part in enumerate(first)
         ]
         out.append({"reason": "".join(merged), "count": len(members), "example": "".join(first)})
@@ -97,6 +98,21 @@ def rejections(requests: TableLike) -> list[dict[str, Any]]:
 
 
 _NUMBER = re.compile(r"(\d[\d,._]*)")
+
+
+def _range(members: list[list[str]], i: int) -> str:
+    """``low to high``: the smallest and largest of the members' ``i``-th parts (numbers),
+    each as the engine wrote it."""
+
+    def value(text: str) -> float:
+        try:
+            return float(text.replace(",", "").replace("_", "").rstrip("."))
+        except ValueError:  # "1.2.3": not one number; order it last
+            return float("inf")
+
+    texts = [m[i] for m in members]
+    low, high = min(texts, key=value), max(texts, key=value)
+    return f"{low} to {high}"
 
 
 def itl_samples(steps: TableLike) -> tuple[np.ndarray, np.ndarray]:

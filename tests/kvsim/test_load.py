@@ -102,7 +102,8 @@ def test_rejected_requests_carry_the_engines_reason(toy_sim: ToySim) -> None:
     counted = {r["reason"]: r["count"] for r in result.summary["rejections"]}
     assert sum(counted.values()) == 3
     common = result.summary["rejections"][0]
-    assert common["count"] == 2 and "N tokens need N blocks, the pool has 4" in common["reason"]
+    assert common["count"] == 2
+    assert "20 to 30 tokens need 5 to 8 blocks, the pool has 4" in common["reason"]
     assert common["example"] == reasons["r1"]
 
 
@@ -120,7 +121,7 @@ def test_rejections_merge_only_the_numbers_that_differ() -> None:
     )
     assert rejections(table) == [
         {
-            "reason": "prompt of N tokens exceeds max_model_len 4096",
+            "reason": "prompt of 4200 to 5120 tokens exceeds max_model_len 4096",
             "count": 2,
             "example": "prompt of 5120 tokens exceeds max_model_len 4096",
         },
