@@ -56,6 +56,23 @@ def sweep_command(
     slo_percentile: Annotated[
         int, Opt(metavar="50|90|99", help="Percentile the SLO applies to")
     ] = 99,
+    slo: Annotated[
+        str | None,
+        Opt(
+            metavar="METRIC_PN=DURATION,...",
+            help="SLOs a point must meet to be recommended, e.g. ttft_p99=2s,tpot_p99=100ms "
+            "(metrics ttft, tpot; one percentile)",
+            show_default="ttft_p99=2s,tpot_p99=200ms",
+        ),
+    ] = None,
+    objective: Annotated[
+        str,
+        Opt(
+            metavar="NAME",
+            help="What the recommendation optimises among the points meeting the SLOs: "
+            "normalized_latency (lowest) or throughput (highest)",
+        ),
+    ] = "normalized_latency",
     jobs: Annotated[
         int | None, Opt(metavar="N", help="Parallel points", show_default="the CPU count")
     ] = None,
@@ -91,7 +108,15 @@ def sweep_command(
     ] = False,
 ) -> None:
     """Run one simulation per point of a grid over run options; write sweep.csv and a report."""
-    from kvsim.sweep.spec import AXIS_OPTIONS, KV_SLOTS, make_spec, parse_param, parse_values
+    from kvsim.sweep.slo import parse_slo
+    from kvsim.sweep.spec import (
+        AXIS_OPTIONS,
+        KV_SLOTS,
+        SweepError,
+        make_spec,
+        parse_param,
+        parse_values,
+    )
 
     given = dict(options or {})
     axis_values = {name: given.pop(name) for name in AXIS_OPTIONS if name in given}
@@ -106,14 +131,14 @@ def sweep_command(
         if kv_slots is not None:
             axes.append((KV_SLOTS, parse_values(KV_SLOTS, kv_slots)))
         axes += [parse_param(p) for p in param or []]
-        spec = make_spec(
-            base,
-            axes,
-            slo_ttft_s=slo_ttft,
-            slo_tpot_s=slo_tpot,
-            slo_percentile=slo_percentile,
-            events=events,
-        )
+        bounds: dict[str, Any] = {
+            "slo_ttft_s": slo_ttft, "slo_tpot_s": slo_tpot, "slo_percentile": slo_percentile,
+        }  # fmt: skip
+        if slo is not None:
+            if slo_ttft is not None or slo_tpot is not None:
+                raise SweepError("give --slo or --slo-ttft / --slo-tpot, not both")
+            bounds = parse_slo(slo)
+        spec = make_spec(base, axes, events=events, objective=objective, **bounds)
         if dry_run:
             _print_points(spec)
             return
@@ -126,6 +151,7 @@ def sweep_command(
     console.print(
         f"{len(result.table)} points in {result.wall_s:.1f} s, {result.num_failed} failed"
     )
+    _print_result(result)
     say("sweep folder: ", out_dir, " (report.html, report.md, sweep.csv)")
     say("reproduce: ", shlex.join(result.command))
     if result.report_error:
@@ -147,6 +173,62 @@ def _print_points(spec: Any) -> None:
         table.add_row(str(p.index), plain(p.label), str(p.config.block_size), blocks)
     console.print(table)
     say("reproduce: ", shlex.join(command_line(spec)))
+
+
+def _print_result(result: Any) -> None:
+    """The table's key columns, then the recommendation per offered load and why each other
+    point lost: what report.md says first (user text verbatim)."""
+    from rich import box
+    from rich.table import Table
+
+    from kvsim.sweep.compare import recommendations, value_text
+    from kvsim.sweep.slo import bounds, slo_text
+
+    spec, frame = result.spec, result.table
+    table = Table(
+        title=f"SLO: {slo_text(spec)}", header_style="bold", title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )  # fmt: skip
+    measures = [
+        ("load", "saturation", "{}"),
+        *((b.name, b.column, "s") for b in bounds(spec)),
+        ("s/token", "normalized_latency_s_per_token", "{:.4f}"),
+        ("tok/s", "throughput_output_tokens_per_s", "{:,.0f}"),
+    ]
+    table.add_column("#", justify="right")
+    for name in spec.axis_names:  # one column per swept option: the label, unbroken
+        longest = max([len(name), *(len(value_text(name, v)) for v in frame[name])])
+        table.add_column(plain(name), overflow="fold", min_width=min(longest, 24))
+    table.add_column("SLO", overflow="fold", min_width=6)
+    for name, column, _ in measures:
+        table.add_column(name, justify="left" if column == "saturation" else "right", no_wrap=True)
+    for _, row in frame.iterrows():
+        status = str(row["status"])
+        if status == "ok":
+            status = "met" if row.get("slo_met") else "missed"
+        cells = [str(row["point"]), *(plain(value_text(a, row[a])) for a in spec.axis_names)]
+        cells.append(plain(status))
+        cells += [_cell(row.get(column), fmt) for _, column, fmt in measures]
+        table.add_row(*cells)
+    console.print(table)
+    for r in recommendations(frame, spec, spec.objective):
+        say(r.sentence, style="bold")
+        for name, why in r.lost:
+            say("  ", name, ": ", why)
+
+
+def _cell(value: Any, fmt: str | None) -> str:
+    import math
+
+    from kvsim.sweep.slo import seconds_text
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if fmt == "s":
+        return seconds_text(float(value))
+    if value == "near saturation":
+        return "near sat."
+    return plain(fmt.format(value) if fmt else value)
 
 
 def _run_with_progress(

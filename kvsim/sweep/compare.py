@@ -1,6 +1,7 @@
-"""Comparing a sweep's points like with like: at the same offered rate, leaving out saturated
-points (whose latencies measure a growing queue, not the option swept), and naming one
-recommended block size with its reason. Definitions: docs/sweeps.md ("Comparing points")."""
+"""Comparing a sweep's points like with like: at the same offered rate, among the points that
+meet the SLOs (kvsim/sweep/slo.py), naming one recommended point per rate and one recommended
+block size with its reason. Definitions: docs/sweeps.md ("Comparing points",
+"Recommendation")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.sweep.recommend import DEFAULT_OBJECTIVE, OBJECTIVES, Recommendation, recommend
+from kvsim.sweep.slo import slo_text
 from kvsim.sweep.spec import SweepSpec
 from kvsim.sweep.table import Best, best_points, max_rates
 from kvsim.sweep.tradeoff import LATENCY_CRITERION, slo_criterion, tradeoff
@@ -32,11 +35,21 @@ def labelled(keys: dict[str, Any]) -> str:
     return ", ".join(f"{k}={value_text(k, v)}" for k, v in keys.items())
 
 
-def saturated(frame: pd.DataFrame) -> pd.Series:
-    """Whether each point ran saturated (False for a point without the column or value)."""
-    if "saturated" not in frame:
-        return pd.Series(False, index=frame.index)
-    return frame["saturated"].eq(True)
+def verdicts(frame: pd.DataFrame) -> pd.Series:
+    """Each point's saturation verdict (docs/metrics.md), "" where unknown (a failed point, or
+    a table written before the verdict existed)."""
+    if "saturation" not in frame:
+        return pd.Series("", index=frame.index)
+    return frame["saturation"].where(frame["saturation"].notna(), "").astype(str)
+
+
+def eligible(frame: pd.DataFrame) -> pd.Series:
+    """Whether each point may be recommended: it succeeded and met the SLOs (kvsim/sweep/
+    slo.py: the sweep's own or the defaults)."""
+    ok = frame["status"] == "ok"
+    if "slo_met" not in frame:
+        return ok
+    return ok & frame["slo_met"].eq(True)
 
 
 def groups(frame: pd.DataFrame, keys: list[str]) -> list[tuple[dict[str, Any], pd.DataFrame]]:
@@ -53,7 +66,7 @@ def groups(frame: pd.DataFrame, keys: list[str]) -> list[tuple[dict[str, Any], p
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """The points of one offered rate (``group``: {} when the rate is not swept): the best
-    unsaturated points, and a sentence when some or all were saturated."""
+    points among those meeting the SLOs, and a sentence when some or all missed them."""
 
     group: dict[str, Any]
     best: list[Best]
@@ -61,27 +74,44 @@ class Comparison:
 
 
 def best_by_rate(frame: pd.DataFrame, spec: SweepSpec) -> list[Comparison]:
-    """For each swept rate (or once): the best points among the successful, unsaturated ones;
-    a point at another rate is never a competitor, nor is a saturated one."""
+    """For each swept rate (or once): the best points among the successful ones that meet the
+    SLOs; a point at another rate is never a competitor, nor is one missing the SLOs."""
     ok = frame[frame["status"] == "ok"]
     keys = ["rate"] if "rate" in spec.axis_names else []
     out = []
     for group, points in groups(ok, keys):
-        sat = saturated(points)
-        fair = points[~sat]
+        fit = eligible(points)
         note = None
-        if len(points) and sat.all():
+        if len(points) and not fit.any():
             note = (
-                f"every point is saturated (arrivals outpace service, offered "
-                f"{_offered(points)}): their latencies measure the queue, not the options "
-                "swept, so no point is named best; lower the rate or add capacity"
+                f"no point meets the SLOs ({slo_text(spec)}; offered {_offered(points)}), so "
+                "no point is named best; lower the rate, add capacity or relax the SLOs"
             )
-        elif sat.any():
-            names = ", ".join(str(x) for x in points.loc[sat, "label"])
-            n = int(sat.sum())
-            note = f"{n} saturated point{'s' if n > 1 else ''} left out of the comparison: {names}"
-        out.append(Comparison(group, best_points(fair), note))
+        elif not fit.all():
+            names = ", ".join(str(x) for x in points.loc[~fit, "label"])
+            n = int((~fit).sum())
+            note = (
+                f"{n} point{'s' if n > 1 else ''} missing the SLOs left out of the comparison: "
+                f"{names}"
+            )
+        out.append(Comparison(group, best_points(points[fit]), note))
     return out
+
+
+def recommendations(
+    frame: pd.DataFrame, spec: SweepSpec, objective: str = DEFAULT_OBJECTIVE
+) -> list[Recommendation]:
+    """One recommended point per offered load (per swept rate, or once): every point at that
+    load competes, whatever its other options (kvsim/sweep/recommend.py)."""
+    keys = ["rate"] if "rate" in spec.axis_names else []
+    return [
+        recommend(points, spec, group=_typed(group), objective=objective)
+        for group, points in groups(frame, keys)
+    ]
+
+
+def _typed(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: value_text(k, v) for k, v in group.items()}
 
 
 def _offered(points: pd.DataFrame) -> str:
@@ -91,12 +121,14 @@ def _offered(points: pd.DataFrame) -> str:
     return f"{float(rates.dropna().median()):.2f} req/s"
 
 
-def recommended_block_sizes(frame: pd.DataFrame, spec: SweepSpec) -> list[str]:
+def recommended_block_sizes(
+    frame: pd.DataFrame, spec: SweepSpec, objective: str = DEFAULT_OBJECTIVE
+) -> list[str]:
     """One sentence per combination of the axes other than block size and rate: the block
-    size to use, and why. With a rate axis and an SLO: the block size that sustains the
+    size to use, and why. With a rate axis and an SLO given: the block size that sustains the
     highest rate meeting the SLO (ties: lower normalized latency at that rate). Otherwise,
-    per rate: the lowest normalized latency among unsaturated points (meeting the SLO, if
-    given). Never a winner among saturated points only."""
+    per rate: the recommendation rule (kvsim/sweep/recommend.py) among the block sizes, then
+    the measured trade-off with its neighbours."""
     if "block_size" not in spec.axis_names:
         return []
     ok = frame[frame["status"] == "ok"]
@@ -106,8 +138,8 @@ def recommended_block_sizes(frame: pd.DataFrame, spec: SweepSpec) -> list[str]:
         for group, points in groups(ok, others):
             lines.append(_by_max_rate(group, points, spec))
         return lines
-    for group, points in groups(ok, [*others, *(["rate"] if "rate" in spec.axis_names else [])]):
-        lines.append(_by_latency(group, points, spec))
+    for group, points in groups(frame, [*others, *(["rate"] if "rate" in spec.axis_names else [])]):
+        lines.append(_by_objective(group, points, spec, objective))
     return lines
 
 
@@ -139,33 +171,20 @@ def _by_max_rate(group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec) -
     return f"{_prefix(group)}recommended block size {size}: {why}.{because}"
 
 
-def _by_latency(group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec) -> str:
-    sat = saturated(points)
-    if len(points) and sat.all():
-        return (
-            f"{_prefix(group)}no block size is recommended: every point is saturated "
-            f"(offered {_offered(points)}), so latencies measure the queue, not the block size."
-        )
-    fair = points[~sat]
-    if spec.has_slo:
-        fair = fair[fair["slo_met"].eq(True)]
-        if not len(fair):
-            return f"{_prefix(group)}no block size is recommended: none meets the SLO."
-    fair = fair.dropna(subset=["normalized_latency_s_per_token"])
-    if not len(fair):
-        return f"{_prefix(group)}no block size is recommended: no point finished a request."
-    ranked = fair.sort_values(
-        ["normalized_latency_s_per_token", "throughput_output_tokens_per_s", "block_size"],
-        ascending=[True, False, True],
-    )
-    pick = ranked.iloc[0]
-    size = value_text("block_size", pick["block_size"])
-    among = f"{len(fair)} unsaturated point{'s' if len(fair) > 1 else ''}"
-    if spec.has_slo:
-        among += " meeting the SLO"
-    left = f"; {int(sat.sum())} saturated left out" if sat.any() else ""
-    because = tradeoff(points, pick, LATENCY_CRITERION)
-    return (
-        f"{_prefix(group)}recommended block size {size}: the lowest normalized latency "
-        f"({pick['normalized_latency_s_per_token']:.4f} s/token) of {among}{left}.{because}"
-    )
+def _block_size_name(row: pd.Series) -> str:
+    return f"block size {value_text('block_size', row['block_size'])}"
+
+
+def _by_objective(
+    group: dict[str, Any], points: pd.DataFrame, spec: SweepSpec, objective: str
+) -> str:
+    r = recommend(
+        points, spec, group=_typed(group), objective=objective, name_of=_block_size_name,
+        subject="block size",
+    )  # fmt: skip
+    if r.pick is None:
+        return r.sentence
+    goal = OBJECTIVES[objective]
+    criteria = [(goal.column, goal.words, goal.fmt)]
+    because = tradeoff(points[points["status"] == "ok"], r.pick, *criteria)
+    return r.sentence + because

@@ -351,6 +351,7 @@ def _describe(spec: SweepSpec, command: list[str]) -> dict[str, Any]:
             "tpot_s": spec.slo_tpot_s,
             "percentile": spec.slo_percentile,
         },
+        "objective": spec.objective,
         "events": spec.events,
         "num_points": spec.num_points,
     }

@@ -18,14 +18,16 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvsim.sweep import slo as slos
 from kvsim.sweep.cache_bound import bound_lines
 from kvsim.sweep.compare import (
     Comparison,
     best_by_rate,
     labelled,
+    recommendations,
     recommended_block_sizes,
-    saturated,
     value_text,
+    verdicts,
 )
 from kvsim.sweep.plots import sweep_figures
 from kvsim.sweep.spec import KV_SLOTS
@@ -96,12 +98,12 @@ def _fmt(value: Any, fmt: str) -> str:
 def _points_rows(table: pd.DataFrame, axes: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
     head = ["#", *axes, "status", *(h for _, h, _ in POINT_COLUMNS)]
     rows = []
-    sat = saturated(table)
+    verdict = verdicts(table)
     for i, r in table.iterrows():
         status = str(r["status"])
-        if sat[i]:
-            status += ", saturated"
-        if "slo_met" in table:
+        if verdict[i] and verdict[i] != "stable":
+            status += f", {verdict[i]}"
+        if "slo_met" in table and r["status"] == "ok":
             status += ", SLO met" if r["slo_met"] else ", SLO missed"
         cells = [str(r["point"]), *(value_text(a, r[a]) for a in axes), status]
         cells += [_fmt(r.get(c), f) for c, _, f in POINT_COLUMNS]
@@ -148,14 +150,9 @@ def _facts(result: SweepResult) -> list[str]:
 
 def _slo_lines(result: SweepResult) -> list[str]:
     spec = result.spec
-    if not spec.has_slo:
+    if "rate" not in spec.axis_names:
         return []
-    bounds = " and ".join(
-        f"p{spec.slo_percentile} {name} ≤ {value:g} s"
-        for name, value in (("TTFT", spec.slo_ttft_s), ("TPOT", spec.slo_tpot_s))
-        if value is not None
-    )
-    lines = [f"SLO: {bounds}."]
+    lines = [f"SLO: {slos.slo_text(spec)}."]
     rates = max_rates(result.table, spec)
     for _, r in rates.iterrows():
         who = labelled({k: r[k] for k in rates.columns if k != "max_rate"})
@@ -172,7 +169,7 @@ def _slo_lines(result: SweepResult) -> list[str]:
 def write_report(result: SweepResult, folder: Path) -> None:
     """Write plots/*.png, report.md and report.html into ``folder``."""
     spec = result.spec
-    slo = (spec.slo_percentile, spec.slo_ttft_s, spec.slo_tpot_s) if spec.has_slo else None
+    slo = _figure_slo(spec)
     ok = result.table[result.table["status"] == "ok"]
     figures = sweep_figures(result.table, spec.axis_names, slo=slo) if len(ok) else {}
     pngs = {name: _png(fig) for name, fig in figures.items()}
@@ -187,6 +184,19 @@ def write_report(result: SweepResult, folder: Path) -> None:
     )
     (folder / "report.html").write_text(
         _html(result, best, pngs, command, bounds), encoding="utf-8"
+    )
+
+
+def _figure_slo(spec: Any) -> tuple[int, float | None, float | None]:
+    """(percentile, TTFT bound, TPOT bound) of the SLO the points are judged by, for the
+    rate sweep's figure."""
+    bounds = {b.metric: b for b in slos.bounds(spec)}
+    percentile = next(iter(bounds.values())).percentile
+    ttft, tpot = bounds.get("ttft"), bounds.get("tpot")
+    return (
+        percentile,
+        None if ttft is None else ttft.bound_s,
+        None if tpot is None else tpot.bound_s,
     )
 
 
@@ -211,7 +221,8 @@ def _markdown(
     out = [f"# kvsim sweep: {result.spec.base.trace}", ""]
     out += [f"- {line}" for line in _facts(result)]
     out += ["", "## Reproduce", "", "```sh", command, "```", ""]
-    recommended = recommended_block_sizes(result.table, result.spec)
+    out += ["## Recommendation", "", *_md_recommendation(result), ""]
+    recommended = recommended_block_sizes(result.table, result.spec, result.spec.objective)
     if recommended:
         out += ["## Recommended block size", "", *(f"- {line}" for line in recommended), ""]
     out += ["## Best points", ""]
@@ -244,6 +255,22 @@ def _markdown(
     return "\n".join(out)
 
 
+def _indented_recommendation(result: SweepResult) -> list[str]:
+    """The recommendation sentences, each other point's reason indented under them."""
+    out = []
+    for r in recommendations(result.table, result.spec, result.spec.objective):
+        out.append(r.sentence)
+        out += [f"    {name}: {why}" for name, why in r.lost]
+    return out
+
+
+def _md_recommendation(result: SweepResult) -> list[str]:
+    return [
+        f"  - {line.strip()}" if line.startswith("    ") else f"- {line}"
+        for line in _indented_recommendation(result)
+    ]
+
+
 CSS = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1a202c;
 max-width:1180px;margin:24px auto;padding:0 18px}
@@ -255,6 +282,7 @@ table{border-collapse:collapse;font-size:.8em;display:block;overflow-x:auto}
 th,td{border:1px solid #e2e8f0;padding:3px 5px;text-align:right;white-space:nowrap}
 th{background:#f7fafc;white-space:normal;vertical-align:bottom}
 tr.failed td{background:#fff5f5}.err{color:#c53030}ul.best li{margin:2px 0}
+li.why{margin-left:1.5em;color:#4a5568;font-size:.92em}
 """
 
 
@@ -275,8 +303,14 @@ def _html(
         "</ul>",
         "<h2>Reproduce</h2>",
         f"<pre><code>{e(command)}</code></pre>",
+        "<h2>Recommendation</h2><ul>",
+        *(
+            f"<li{' class=why' if line.startswith('    ') else ''}>{e(line.strip())}</li>"
+            for line in _indented_recommendation(result)
+        ),
+        "</ul>",
     ]
-    recommended = recommended_block_sizes(result.table, result.spec)
+    recommended = recommended_block_sizes(result.table, result.spec, result.spec.objective)
     if recommended:
         out += ["<h2>Recommended block size</h2><ul>"]
         out += [f"<li>{e(line)}</li>" for line in recommended] + ["</ul>"]

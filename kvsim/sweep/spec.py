@@ -35,6 +35,9 @@ MAX_POINTS = 10_000
 # The one axis that is no RunConfig field: KV capacity in token slots (vLLM's "GPU KV cache
 # size: N tokens"), the same bytes at every block size: num_blocks = kv_slots // block_size.
 KV_SLOTS = "kv_slots"
+# What a recommendation can optimise (kvsim/sweep/recommend.py defines each); the first is
+# the default.
+OBJECTIVE_NAMES = ("normalized_latency", "throughput")
 
 
 class SweepError(KvsimError):
@@ -59,6 +62,9 @@ class SweepSpec:
     slo_percentile: int = 99
     kv_slots: int | None = None  # hold these KV slots: num_blocks = kv_slots // block_size
     events: bool = False  # write each point's events.parquet (big at small block sizes)
+    # what the recommendation optimises among the points meeting the SLOs (kvsim/sweep/
+    # recommend.py): normalized_latency (lowest) or throughput (highest output tokens/s)
+    objective: str = "normalized_latency"
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.axes]
@@ -84,6 +90,10 @@ class SweepSpec:
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:
                 raise SweepError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.objective not in OBJECTIVE_NAMES:
+            raise SweepError(
+                f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.objective!r}"
+            )
         if self.kv_slots is not None:
             _check_kv_slots(self.kv_slots)
             if KV_SLOTS in names:
@@ -305,6 +315,8 @@ def command_line(spec: SweepSpec) -> list[str]:
         args += ["--slo-tpot", format_value(spec.slo_tpot_s)]
     if spec.has_slo and spec.slo_percentile != 99:
         args += ["--slo-percentile", str(spec.slo_percentile)]
+    if spec.objective != OBJECTIVE_NAMES[0]:
+        args += ["--objective", spec.objective]
     if spec.events:
         args.append("--events")
     return args

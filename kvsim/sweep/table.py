@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.analysis.kv_breakdown import CACHED_FIELD
 from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
 from kvsim.analysis.load import PERCENTILES
 from kvsim.costmodel import BatchShape
 from kvsim.runner import RunResult, build_cost_model
+from kvsim.sweep import slo
 from kvsim.sweep.spec import KV_SLOTS, SweepPoint, SweepSpec
 
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "e2e_latency_s", "queueing_delay_s")
@@ -89,10 +91,14 @@ def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict
     )
     for name in SUMMARY_COLUMNS:
         row[name] = s[name]
+    row["saturation"] = (s.get("saturation") or {}).get("verdict")
     v1 = config.resolved_scheduler() == "v1"  # classic runs have no prefix cache: empty
     for name in PREFIX_COLUMNS:
         value = s[name] if v1 else None
         row[name] = math.nan if value is None else value
+    # v1: the KV share cached, evictable (the breakdown's sixth part; memory.png stacks it)
+    cached = s.get(CACHED_FIELD) if v1 else None
+    row[CACHED_FIELD] = math.nan if cached is None else cached
     row.update(block_costs(result))
     for name in DISTRIBUTIONS:
         for stat, value in s[name].items():
@@ -171,7 +177,9 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
     ]
     metrics = [
         *SUMMARY_COLUMNS,
+        "saturation",
         *PREFIX_COLUMNS,
+        CACHED_FIELD,
         *BLOCK_COST_COLUMNS,
         *_stat_columns(),
         "normalized_latency_s_per_token",
@@ -182,8 +190,7 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
     for column in INT_COLUMNS:
         if column in frame and _integral(frame[column]):
             frame[column] = frame[column].astype("Int64")
-    if spec.has_slo:
-        frame.insert(4, "slo_met", slo_met(frame, spec))
+    frame.insert(4, "slo_met", slo_met(frame, spec))
     return frame
 
 
@@ -194,14 +201,10 @@ def _integral(column: pd.Series) -> bool:
 
 
 def slo_met(frame: pd.DataFrame, spec: SweepSpec) -> pd.Series:
-    """Whether each point met the SLO: status ok and each given latency percentile at most
-    its bound (a missing value, e.g. no TPOT, does not meet it)."""
-    p = spec.slo_percentile
-    ok = frame["status"] == "ok"
-    for column, bound in (("ttft_s", spec.slo_ttft_s), ("tpot_s", spec.slo_tpot_s)):
-        if bound is not None:
-            ok &= frame[f"{column}_p{p}"].astype(float).le(bound).fillna(False)
-    return ok.astype(bool)
+    """Whether each point met the SLO (the sweep's own, or the defaults: kvsim/sweep/slo.py):
+    status ok and each latency percentile bounded at most its bound (a missing value, e.g.
+    no TPOT, does not meet it)."""
+    return slo.met(frame, spec)
 
 
 def max_rates(frame: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:

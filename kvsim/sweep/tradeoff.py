@@ -71,11 +71,12 @@ def _criterion_text(pick: pd.Series, other: pd.Series, criteria: Sequence[Criter
         a, b = _number(other, column), _number(pick, column)
         if not (math.isnan(a) or math.isnan(b)):
             compared.append(f"{words} {fmt(a)} vs {fmt(b)}")
-    flags = [
-        words
-        for column, words in (("saturated", "saturated"), ("slo_met", "misses the SLO"))
-        if _flag(other, column) is (column == "saturated")
-    ]
+    flags = []
+    verdict = other.get("saturation")
+    if isinstance(verdict, str) and verdict in ("near saturation", "saturated"):
+        flags.append(verdict)
+    if _flag(other, "slo_met") is False:
+        flags.append("misses the SLO")
     flagged = f" ({', '.join(flags)})" if flags else ""
     if not compared:
         return flagged

@@ -1,5 +1,6 @@
 """Sweep points compared like with like (kvsim/sweep/compare.py): the best points per rate,
-saturated points left out, one recommended block size with its reason, values as typed."""
+points missing the SLOs left out, one recommended block size with its reason, values as
+typed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from typing import Any
 import pandas as pd
 
 from kvsim.config import RunConfig
-from kvsim.sweep.compare import best_by_rate, recommended_block_sizes, value_text
+from kvsim.sweep.compare import (
+    best_by_rate,
+    recommendations,
+    recommended_block_sizes,
+    value_text,
+)
 from kvsim.sweep.spec import SweepSpec, make_spec
 from kvsim.sweep.table import rows_frame
 
@@ -30,8 +36,9 @@ def points(rows: list[dict[str, Any]], sweep: SweepSpec) -> pd.DataFrame:
                 "throughput_requests_per_s": 1.0,
                 "normalized_latency_s_per_token": r["lat"],
                 "e2e_latency_s_p50": r["lat"], "e2e_latency_s_p99": r["lat"],
-                "ttft_s_p99": r.get("ttft", 0.1), "tpot_s_p99": 0.01,
+                "ttft_s_p99": r.get("ttft", 0.1), "tpot_s_p99": r.get("tpot", 0.01),
                 "kv_token_state_share_mean": 0.5, "saturated": r.get("sat", False),
+                "saturation": r.get("verdict", "stable"),
                 "offered_rate_per_s": r.get("rate", 4.0), **{k: r[k] for k in sweep.axis_names},
             }
         )  # fmt: skip
@@ -41,29 +48,37 @@ def points(rows: list[dict[str, Any]], sweep: SweepSpec) -> pd.DataFrame:
 BLOCKS = spec([("block_size", (8, 16, 32))])
 
 
-def test_the_recommended_block_size_has_the_lowest_latency_of_the_unsaturated() -> None:
+def test_the_recommended_block_size_has_the_lowest_latency_of_those_meeting_the_slos() -> None:
     table = points(
         [
-            {"block_size": 8, "lat": 0.01, "sat": True},  # fastest looking, but saturated
+            {"block_size": 8, "lat": 0.01, "ttft": 9.0},  # fastest looking, misses the SLO
             {"block_size": 16, "lat": 0.03},
             {"block_size": 32, "lat": 0.02},
         ],
         BLOCKS,
     )
     [line] = recommended_block_sizes(table, BLOCKS)
-    assert line.startswith("recommended block size 32: the lowest normalized latency (0.0200")
-    assert "1 saturated left out" in line
+    assert line.startswith(
+        "recommended block size 32: the lowest normalized latency (0.0200 s/token) of 2 block "
+        "sizes meeting the SLOs (p99 TTFT ≤ 2 s and p99 TPOT ≤ 200 ms (default; --slo to "
+        "change))."
+    )
     [comparison] = best_by_rate(table, BLOCKS)
     assert comparison.note is not None and "block_size=8" in comparison.note
     assert all("block_size=8" not in b.label for b in comparison.best)
 
 
-def test_when_every_point_is_saturated_no_winner_is_named() -> None:
-    table = points([{"block_size": b, "lat": 1.0 / b, "sat": True} for b in (8, 16, 32)], BLOCKS)
+def test_when_no_point_meets_the_slos_none_is_recommended() -> None:
+    table = points(
+        [{"block_size": b, "lat": 1.0 / b, "ttft": 3.0 * b} for b in (8, 16, 32)], BLOCKS
+    )
     [line] = recommended_block_sizes(table, BLOCKS)
-    assert line.startswith("no block size is recommended: every point is saturated")
+    assert line.startswith("no block size meets the SLOs (p99 TTFT ≤ 2 s")
     [comparison] = best_by_rate(table, BLOCKS)
-    assert comparison.best == [] and "every point is saturated" in (comparison.note or "")
+    assert comparison.best == [] and "no point meets the SLOs" in (comparison.note or "")
+    [r] = recommendations(table, BLOCKS)
+    assert r.pick is None and r.sentence.startswith("no point meets the SLOs")
+    assert r.lost[0] == ("block_size=8", "misses the SLO: p99 TTFT 24 s > 2 s")
 
 
 def test_points_are_compared_at_the_same_rate() -> None:
@@ -84,11 +99,17 @@ def test_points_are_compared_at_the_same_rate() -> None:
     assert lowest[2.0].label == "block_size=16 rate=2.0"
     assert lowest[8.0].label == "block_size=16 rate=8.0"
     lines = recommended_block_sizes(table, grid)
+    slos = "(p99 TTFT ≤ 2 s and p99 TPOT ≤ 200 ms (default; --slo to change))"
     assert lines == [
         "rate=2: recommended block size 16: the lowest normalized latency (0.0100 s/token) "
-        "of 2 unsaturated points.",
+        f"of 2 block sizes meeting the SLOs {slos}.",
         "rate=8: recommended block size 16: the lowest normalized latency (0.0800 s/token) "
-        "of 2 unsaturated points.",
+        f"of 2 block sizes meeting the SLOs {slos}.",
+    ]
+    # the point at 8 req/s is never compared with one at 2 req/s
+    by_load = {r.group["rate"]: r for r in recommendations(table, grid)}
+    assert by_load["8"].lost == [
+        ("block_size=8 rate=8.0", "normalized latency 0.0900 s/token vs 0.0800 s/token (+12.5%)")
     ]
 
 
@@ -115,4 +136,4 @@ def test_integer_options_print_as_integers() -> None:
     assert value_text("allocator", "paged") == "paged"
     table = points([{"block_size": 8, "lat": 0.1}], spec([("block_size", (8, 16))]))
     assert str(table["block_size"].dtype) == "Int64"
-    assert table.to_csv(index=False).splitlines()[1].split(",")[4] == "8"
+    assert table.to_csv(index=False).splitlines()[1].split(",")[5] == "8"  # after slo_met

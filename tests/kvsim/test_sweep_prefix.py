@@ -105,12 +105,12 @@ def test_the_reason_cites_the_neighbours_hit_rates_and_walk_costs() -> None:
     assert (
         "Block size 256 loses hits to coarse blocks: prefix-cache hit rate 41.0% vs 46.2% "
         "(-5.2 points, 52,000 more prompt tokens computed); normalized latency "
-        "0.0250 s/token vs 0.0200 s/token." in line
+        "0.0250 s/token vs 0.0200 s/token (misses the SLO)." in line  # the default: p99 TTFT 2 s
     )
     assert (
         "Block size 16 pays per-block costs: the block-table walk takes 9.8% of busy time "
         "vs 2.6%, for a hit rate of 47.0% (+0.8 points); normalized latency 0.0300 s/token "
-        "vs 0.0200 s/token." in line
+        "vs 0.0200 s/token (misses the SLO)." in line
     )
 
 
