@@ -43,6 +43,7 @@ from kvsim.sim.engine_mode import (
 )
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
+from kvsim.sim.unarrived import unarrived_warning
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 
 if TYPE_CHECKING:
@@ -412,4 +413,7 @@ def simulate(
     finally:
         if writer is not None:
             writer.close()
+    unarrived = unarrived_warning(trace, int(summary["num_requests"]), config.until, config.rate)
+    if unarrived is not None:  # --until stopped the run before the trace's last arrival
+        resolved.setdefault("warnings", []).append(unarrived)
     return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)

@@ -176,3 +176,22 @@ def test_validate_run_help_offers_what_it_uses() -> None:
     model = next(line for line in text.splitlines() if line.lstrip().startswith("--model"))
     assert "[default: tiny-llama]" in model  # the model it runs when none is given
     assert "--coefficients" in text and "--timer" in text
+
+
+def test_until_says_what_never_arrived(tmp_path: Path) -> None:
+    result = kvsim(
+        "run", "--rate", "0.5", "--until", "30", "--no-plots", "--out", tmp_path / "r", env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    # the default trace's second request comes 4.3 s after its first: 32.7 s at 0.5 req/s
+    assert "--until 30 s: 1 of the trace's 456 requests arrived" in text
+    assert "the other 455 would arrive from 32.75 s" in text and "--rate 0.5 req/s" in text
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert any("455" in w for w in config["resolved"]["warnings"])
+
+
+def test_a_run_that_replays_the_whole_trace_says_nothing_of_until(tmp_path: Path) -> None:
+    result = kvsim("run", "--until", "1000", "--no-plots", "--out", tmp_path / "r", env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "--until" not in result.stdout
