@@ -27,6 +27,7 @@ class Objective:
     fmt: Callable[[float], str]
     tie_column: str  # breaks a tie within the margin (lower is better)
     tie_words: str
+    tie_fmt: Callable[[float], str]
 
     def better(self, a: float, b: float) -> bool:
         return a < b if self.lower_is_better else a > b
@@ -53,6 +54,7 @@ OBJECTIVES = {
         lambda v: f"{v:.4f} s/token",
         "ttft_s_p99",
         "p99 TTFT",
+        slo.seconds_text,
     ),
     "throughput": Objective(
         "throughput",
@@ -62,6 +64,7 @@ OBJECTIVES = {
         lambda v: f"{v:,.0f} tokens/s",
         "normalized_latency_s_per_token",
         "normalized latency",
+        lambda v: f"{v:.4f} s/token",
     ),
 }
 DEFAULT_OBJECTIVE = OBJECTIVE_NAMES[0]
@@ -170,7 +173,7 @@ def _why_lost(row: pd.Series, pick: pd.Series, goal: Objective, margin: float) -
     if goal.within(value, best, margin):
         tie, tie_pick = _number(row, goal.tie_column), _number(pick, goal.tie_column)
         broken = (
-            f"higher {goal.tie_words} ({tie:.4g} vs {tie_pick:.4g})"
+            f"higher {goal.tie_words} ({goal.tie_fmt(tie)} vs {goal.tie_fmt(tie_pick)})"
             if tie != tie_pick
             else f"the same {goal.tie_words}, later in the grid"
         )

@@ -151,7 +151,7 @@ def test_points_within_the_tie_margin_are_tied_and_broken_by_p99_ttft() -> None:
     assert "1 other within 2% of it, tie broken by the lowest p99 TTFT" in r.sentence
     assert dict(r.lost)["block_size=16"] == (
         "tied within 2% on normalized latency (0.1000 s/token vs 0.1015 s/token); higher "
-        "p99 TTFT (0.9 vs 0.5)"
+        "p99 TTFT (900 ms vs 500 ms)"
     )
     without_margin = recommend(table, grid, margin=0.0)
     assert without_margin.pick is not None and without_margin.pick["block_size"] == 16
