@@ -53,6 +53,8 @@ def test_a_consumer_replaying_the_events_ends_with_the_runs_cache(
     out = tmp_path / "events.jsonl"
     result = kvsim("export-kv-events", v1_dir, "-o", out)
     assert result.exit_code == 0, result.output
+    size = out.stat().st_size  # the line says what it wrote: 12.3 kB
+    assert f"({size / 1e3:.3g} kB: " in " ".join(result.stdout.split()), result.stdout
     batches = read_batches(out)
     events = read_run(v1_dir).events
     assert events is not None
@@ -136,3 +138,23 @@ def test_a_run_without_a_prefix_cache_is_refused(
     assert kvsim("run", conversation_trace, *COMMON, *options, "--out", out).exit_code == 0
     assert_one_error_line(kvsim("export-kv-events", out, "-o", tmp_path / "e.jsonl"), says)
     assert not (tmp_path / "e.jsonl").exists()
+
+
+def test_a_large_export_is_announced_with_its_size(
+    v1_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvsim.commands import kv_events
+
+    monkeypatch.setattr(kv_events, "NOTICE_BYTES", 1.0)  # this small run counts as large
+    result = kvsim("export-kv-events", v1_dir, "-o", tmp_path / "e.jsonl")
+    assert result.exit_code == 0, result.output
+    notice = " ".join(result.stderr.split())
+    assert notice.startswith("notice: ") and "cache and eviction rows to export: about" in notice
+
+
+def test_size_text() -> None:
+    from kvsim.commands.kv_events import size_text
+
+    assert [size_text(n) for n in (512, 12_345, 907_000_000, 1.2e9)] == [
+        "512 B", "12.3 kB", "907 MB", "1.2 GB",
+    ]  # fmt: skip
