@@ -1,8 +1,11 @@
 """Pictures of a run: functions that take DataFrames and return matplotlib Figures.
 
-The CLI, the reports and the notebooks all call these same functions. Time series are drawn
-from at most ``MAX_POINTS`` steps (evenly thinned) and the occupancy map from a pixel grid
-aggregated with numpy, so a million-step, 100,000-block run plots as fast as a small one.
+The CLI, the reports and the notebooks all call these same functions. Long time series are
+drawn as envelopes (``envelope``: min / mean / max per time bin) or from at most
+``MAX_POINTS`` steps (evenly thinned), and the occupancy map from a pixel grid aggregated with
+numpy, so a million-step, 100,000-block run plots as fast as a small one; a run whose events
+file is too long to read whole gets a sampled occupancy map and an exact Gantt chart from
+the file (``large_runs``). Importing kvsim.plots never selects a matplotlib backend.
 
 Modules: ``cache_curve`` (offline prefix-cache hit rate against capacity), ``timeseries`` (free
 blocks, KV breakdown, batch size), ``requests`` (latency CDFs, Gantt chart), ``occupancy_map``
