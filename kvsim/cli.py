@@ -43,6 +43,7 @@ COMMAND_MODULES = {
     "import": "traces",
     "info": "traces",
     "sweep": "sweep",
+    "capacity": "sweep",
     "plot": "plot",
     "animate": "plot",
     "report": "plot",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,8 +107,26 @@ def sweep_command(
     dry_run: Annotated[
         bool, Opt("--dry-run", help="List the points and the reproduce command; run nothing")
     ] = False,
+    metric: Annotated[
+        str,
+        Opt(
+            metavar="NAME",
+            help="latency: one run per point, compared at each rate; capacity: search each "
+            "configuration for the highest --rate it serves within the SLOs (bisection "
+            "over runs; --rate, if given, is where the search starts)",
+        ),
+    ] = "latency",
+    tolerance: Annotated[
+        float,
+        Opt(
+            metavar="SHARE",
+            help="--metric capacity: stop when the rates that meet and miss the SLOs are "
+            "within this share of each other",
+        ),
+    ] = 0.05,
 ) -> None:
-    """Run one simulation per point of a grid over run options; write sweep.csv and a report."""
+    """Run one simulation per point of a grid over run options; write sweep.csv and a report
+    (--metric capacity: the highest rate each configuration serves within the SLOs)."""
     from kvsim.sweep.slo import parse_slo
     from kvsim.sweep.spec import (
         AXIS_OPTIONS,
@@ -139,8 +158,16 @@ def sweep_command(
                 raise SweepError("give --slo or --slo-ttft / --slo-tpot, not both")
             bounds = parse_slo(slo)
         spec = make_spec(base, axes, events=events, objective=objective, **bounds)
+        if metric not in ("latency", "capacity"):
+            raise SweepError(f"--metric must be latency or capacity, got {metric!r}")
         if dry_run:
             _print_points(spec)
+            return
+        if metric == "capacity":
+            from kvsim.commands.capacity import run_capacity
+
+            out_dir = out_path(out, base.trace, "capacity")
+            run_capacity(spec, out_dir, executor, jobs, address, force, tolerance)
             return
         out_dir = out_path(out, base.trace, "sweeps")
         result = _run_with_progress(spec, out_dir, executor, jobs, address, force)
@@ -271,5 +298,28 @@ def _run_with_progress(
         )  # fmt: skip
 
 
+def capacity_command(**kwargs: Any) -> None:
+    sweep_command(**kwargs)
+
+
+def _capacity_signature() -> inspect.Signature:
+    """``kvsim sweep``'s parameters with ``--metric capacity`` the default."""
+    signature = inspect.signature(sweep_command)
+    return signature.replace(
+        parameters=[
+            p.replace(default="capacity") if p.name == "metric" else p
+            for p in signature.parameters.values()
+        ]
+    )
+
+
+capacity_command.__signature__ = _capacity_signature()  # type: ignore[attr-defined]
+capacity_command.__doc__ = (
+    "Find the highest arrival rate (--rate: the trace rescaled) each configuration of a grid "
+    "serves within the SLOs, by bisection over runs (kvsim sweep --metric capacity)."
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("sweep", cls=Command)(sweep_command)
+    app.command("capacity", cls=Command)(capacity_command)
