@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from kvsim.commands import gen_sessions as sessions_cli
 from kvsim.commands.console import Command, console, fail, plain, say
 from kvsim.errors import KvsimError
 
@@ -104,9 +105,9 @@ def _save(trace: Any, out: Path, force: bool, inputs: tuple[Path, ...] = ()) -> 
         save_trace(trace, tmp)
 
 
-def _spec_files(*specs: str) -> tuple[Path, ...]:
+def _spec_files(*specs: str | None) -> tuple[Path, ...]:
     """The trace files that ``trace:FILE`` length SPECs read (a generator's inputs)."""
-    return tuple(Path(s[len("trace:") :]) for s in specs if s.startswith("trace:"))
+    return tuple(Path(s[len("trace:") :]) for s in specs if s and s.startswith("trace:"))
 
 
 def gen(
@@ -122,26 +123,71 @@ def gen(
         int | None, typer.Option(metavar="N", help="Generate exactly N requests.")
     ] = None,
     prompt: Annotated[
-        str, typer.Option(metavar="SPEC", help=f"Prompt length SPEC: {SPEC_HELP}.")
-    ] = _DEFAULT_LENGTHS,
+        str | None,
+        typer.Option(
+            metavar="SPEC",
+            help=f"Prompt length SPEC: {SPEC_HELP}.",
+            show_default=_DEFAULT_LENGTHS,
+        ),
+    ] = None,
     output: Annotated[
-        str, typer.Option(metavar="SPEC", help="Output length SPEC, same syntax as --prompt.")
-    ] = _DEFAULT_LENGTHS,
+        str | None,
+        typer.Option(
+            metavar="SPEC",
+            help="Output length SPEC, same syntax as --prompt.",
+            show_default=_DEFAULT_LENGTHS,
+        ),
+    ] = None,
     seed: SeedOption = None,
     name: Annotated[
         str | None, typer.Option(metavar="NAME", help="Trace name.", show_default="the file stem")
     ] = None,
     force: ForceOption = False,
+    sessions: sessions_cli.Sessions = None,
+    session_rate: sessions_cli.SessionRate = None,
+    turns: sessions_cli.Turns = None,
+    agent_types: sessions_cli.AgentTypes = None,
+    system_prompt: sessions_cli.SystemPrompt = None,
+    user_tokens: sessions_cli.UserTokens = None,
+    output_tokens: sessions_cli.OutputTokens = None,
+    think_time: sessions_cli.ThinkTime = None,
+    tool_call_prob: sessions_cli.ToolCallProb = None,
+    tool_calls: sessions_cli.ToolCalls = None,
+    tool_result_tokens: sessions_cli.ToolResultTokens = None,
+    tool_call_tokens: sessions_cli.ToolCallTokens = None,
+    tool_time: sessions_cli.ToolTime = None,
+    est_ttft: sessions_cli.EstTtft = None,
+    est_tpot: sessions_cli.EstTpot = None,
+    max_context: sessions_cli.MaxContext = None,
+    hash_block_size: sessions_cli.HashBlockSize = None,
 ) -> None:
-    """Write a synthetic trace: seeded arrivals (poisson or gamma) and token lengths from SPECs.
+    """Write a synthetic trace: seeded arrivals (poisson or gamma) and token lengths from SPECs,
+    or with --sessions agentic multi-turn sessions (docs/formats.md, "Agentic sessions").
 
-    Same options and seed give a byte-identical file. Example:
+    Same options and seed give a byte-identical file. Examples:
     kvsim gen -o t.jsonl --rate 5 --duration 60 --prompt lognormal:1000:1.0 --output fixed:200
+    kvsim gen -o s.jsonl --sessions 200 --session-rate 0.5 --turns uniform:2:10
     """
     from workloads import generate_trace
 
-    inputs = _spec_files(prompt, output)
+    session_options = {k: v for k, v in locals().items() if k in sessions_cli.SESSION_OPTIONS}
+    inputs = _spec_files(prompt, output, *(v for v in session_options.values() if type(v) is str))
     _check_out(out, force, inputs)
+    if sessions is not None:
+        sessions_cli.refuse_request_options(
+            {"--rate": rate, "--duration": duration, "--num-requests": num_requests,
+             "--prompt": prompt, "--output": output}
+        )  # fmt: skip
+        with _bad_input():
+            trace = sessions_cli.session_trace_from_options(
+                sessions=sessions, session_rate=session_rate, arrival=arrival, cv=cv,
+                seed=0 if seed is None else seed, name=name or out.stem, options=session_options,
+            )  # fmt: skip
+            _save(trace, out, force, inputs)
+        count = len({r.session_id for r in trace.requests})
+        say(f"wrote {len(trace)} requests of {count} sessions to ", out)
+        return
+    sessions_cli.refuse_session_options({"session_rate": session_rate, **session_options})
     if rate is None:
         fail("--rate is required (requests/s)")
     if (duration is None) == (num_requests is None):
@@ -152,8 +198,8 @@ def gen(
         )
         trace = generate_trace(
             arrivals=process,
-            prompt=prompt,
-            output=output,
+            prompt=prompt or _DEFAULT_LENGTHS,
+            output=output or _DEFAULT_LENGTHS,
             num_requests=num_requests,
             duration_s=duration,
             seed=0 if seed is None else seed,
