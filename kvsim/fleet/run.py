@@ -1,7 +1,8 @@
 """A fleet run, from a RunConfig to the tables of a run folder (kvsim.runner's counterpart).
 
 Each replica is built as a one-replica cost-mode run builds its engine (same pool, limits and
-step-time model; the readable v1 scheduler), records its events with a ``KvEventTap`` and
+step-time model; the Python v1 scheduler, its placeholder-token variant unless
+``fast_decode`` is off), records its events with a ``KvEventTap`` and
 is measured by the same code (``kvsim.runner.measure``). The run folder holds the fleet's
 requests and steps (a ``replica`` column added), ``routing.parquet`` (one row per request:
 where it went and what the router saw) and summary.json (``kvsim.fleet.summary``). A fleet
@@ -55,6 +56,9 @@ class _Replica:
                 "paged", num_blocks, config.block_size, limits.watermark, max_model_len,
                 enable_prefix_caching=caching,
             ),
+            # the placeholder-token variant: its events are the readable scheduler's, recorded
+            # as they happen (tests/kvsim/fleet/test_kv_index.py holds the routing equal)
+            fast=config.fast_decode,
         )  # fmt: skip
         self.usage = PagedUsageTracker(
             config.block_size,

@@ -108,11 +108,13 @@ class FleetSimulation:
             sim.replica = i
             sim.on_finish = self._finished
             sim._on_step_end = functools.partial(self._step_ended, i)
-            recorder = sim.recorder
-            if isinstance(recorder, KvEventTap):
+            if router.uses_prefix and not oracle:  # only such a router reads the events
+                recorder = sim.recorder
+                if not isinstance(recorder, KvEventTap):
+                    raise ValueError(
+                        "a prefix-aware router needs replicas recording with KvEventTap"
+                    )
                 recorder.index, recorder.replica = self.index, i
-            elif router.uses_prefix and not oracle:
-                raise ValueError("a prefix-aware router needs replicas recording with KvEventTap")
 
     # --- the router's bookkeeping -------------------------------------------------------
 
@@ -143,7 +145,7 @@ class FleetSimulation:
         while not self._arrivals_done:
             self._stats = [
                 (
-                    len(sim.scheduler.waiting),
+                    sim.scheduler.num_waiting,
                     sim.scheduler.num_running,
                     1.0 - sim.block_manager.get_num_free_blocks() / sim.block_manager.num_blocks,
                 )

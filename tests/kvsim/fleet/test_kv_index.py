@@ -48,10 +48,20 @@ class CheckingRouter(RoundRobin):
 
 
 def fleet_of(
-    requests: list[Request], num_replicas: int, delay_s: float, num_blocks: int, router: Any = None
+    requests: list[Request],
+    num_replicas: int,
+    delay_s: float,
+    num_blocks: int,
+    router: Any = None,
+    *,
+    fast: bool = True,
 ) -> tuple[FleetSimulation, list[_Replica]]:
     config = RunConfig(
-        trace="t", block_size=4, replicas=num_replicas, step_time="linear:0.01:0.001"
+        trace="t",
+        block_size=4,
+        replicas=num_replicas,
+        step_time="linear:0.01:0.001",
+        fast_decode=fast,
     )
     trace = Trace(name="t", hash_block_size=4, requests=requests)
     env = simpy.Environment()
@@ -102,11 +112,16 @@ def build_requests(spec: list[tuple[float, int, int, int]]) -> list[Request]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=requests_strategy, num_blocks=st.integers(12, 60), num_replicas=st.integers(1, 3))
+@given(
+    spec=requests_strategy,
+    num_blocks=st.integers(12, 60),
+    num_replicas=st.integers(1, 3),
+    fast=st.booleans(),
+)
 def test_index_equals_every_replica_cache_when_events_are_not_late(
-    spec: list[tuple[float, int, int, int]], num_blocks: int, num_replicas: int
+    spec: list[tuple[float, int, int, int]], num_blocks: int, num_replicas: int, fast: bool
 ) -> None:
-    fleet, replicas = fleet_of(build_requests(spec), num_replicas, 0.0, num_blocks)
+    fleet, replicas = fleet_of(build_requests(spec), num_replicas, 0.0, num_blocks, fast=fast)
     fleet.run()
     assert fleet.router.checks == len(spec)  # type: ignore[attr-defined]
     fleet.index.advance(fleet.env.now)
@@ -196,3 +211,73 @@ def test_views_are_what_the_router_sees() -> None:
     assert [v.prefix_blocks for v in seen[1]] == [2, 0]
     assert seen[1][0].cached_blocks > 0 and seen[1][1].cached_blocks == 0
     assert seen[0][0].routed_active == 0 and seen[1][0].routed_active == 0  # first finished
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=st.lists(
+        st.tuples(st.floats(0, 0.3), st.integers(0, 3), st.integers(1, 6), st.integers(1, 40)),
+        min_size=1,
+        max_size=40,
+    ),
+    num_blocks=st.integers(12, 80),
+    router_name=st.sampled_from(["prefix", "kv-router", "cache-aware"]),
+)
+def test_the_fast_scheduler_routes_as_the_readable_one(
+    spec: list[tuple[float, int, int, int]], num_blocks: int, router_name: str
+) -> None:
+    """Replicas run the placeholder-token v1 scheduler: its KV events must reach the router
+    when the readable scheduler's would, so every decision is the same."""
+    from kvsim.fleet.routers import make_router
+
+    outcomes = []
+    for fast in (False, True):
+        fleet, _ = fleet_of(
+            build_requests(spec), 3, 0.0, num_blocks, make_router(router_name, 3, 1), fast=fast
+        )
+        result = fleet.run()
+        outcomes.append(
+            (
+                result.route_replica.tolist(),
+                result.route_prefix_blocks.tolist(),
+                [r.step_duration_s.tolist() for r in result.replicas],
+            )
+        )
+    assert outcomes[0] == outcomes[1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from([0, 0, 1, 1, 2]), st.lists(st.integers(0, 12), max_size=6)),
+        max_size=60,
+    )
+)
+def test_index_counts_match_a_multiset(ops: list[tuple[int, list[int]]]) -> None:
+    """Stored / removed / cleared in any order, keys repeated within an event or not
+    (removals only of held blocks, as a cache emits them): the keys held, the blocks held
+    and the prefix runs are a multiset's."""
+    index = KvEventIndex(1, delay_s=0.0)
+    model: dict[int, int] = {}
+    for op, keys in ops:
+        if op == 1:
+            held_keys = [k for k in keys if model.get(k, 0) > 0]
+            keys = []
+            for k in held_keys:  # a key may leave twice in one event if two blocks held it
+                if model[k] > 0:
+                    model[k] -= 1
+                    keys.append(k)
+        elif op == 0:
+            for k in keys:
+                model[k] = model.get(k, 0) + 1
+        else:
+            model.clear()
+            keys = []
+        index.publish(0.0, 0, op, keys)
+        index.advance(0.0)
+        held = {k for k, n in model.items() if n > 0}
+        assert index.keys(0) == held
+        assert index.num_cached_blocks(0) == sum(model.values())
+        probe = list(range(13))
+        expected = next((i for i, k in enumerate(probe) if k not in held), len(probe))
+        assert index.prefix_blocks(0, probe) == expected
