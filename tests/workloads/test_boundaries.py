@@ -24,15 +24,18 @@ def test_workloads_imports_nothing_of_ours() -> None:
     assert offenders == []
 
 
-def test_save_into_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
+def test_save_under_a_file_names_it_and_a_missing_folder_is_made(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from kvsim.cli import app
 
+    # kvsim's one output rule (README, "Output folders"): parents are made, as for --out DIR
+    args = ["--rate", "1", "--num-requests", "2", "--prompt", "8", "--output", "8"]
     missing = tmp_path / "nope"
-    result = CliRunner().invoke(
-        app, ["gen", "-o", str(missing / "t.jsonl"), "--rate", "1", "--num-requests", "2",
-              "--prompt", "8", "--output", "8"],
-    )  # fmt: skip
+    result = CliRunner().invoke(app, ["gen", "-o", str(missing / "t.jsonl"), *args])
+    assert result.exit_code == 0, result.output
+    assert (missing / "t.jsonl").is_file()
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(app, ["gen", "-o", str(tmp_path / "file" / "t.jsonl"), *args])
     assert result.exit_code == 2
-    assert f"{missing}: No such file or directory" in result.output
+    assert f"{tmp_path / 'file'}: is not a folder" in result.output

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from workloads.errors import TraceFormatError
-from workloads.formats.jsonl import build_trace, parse_json_text
+from workloads.formats.jsonl import (
+    build_trace,
+    decoded_with_duplicates,
+    duplicate_key,
+    keys_in,
+    parse_json_text,
+)
 from workloads.formats.records import (
     DuplicateTracker,
     json_type_name,
@@ -27,7 +34,9 @@ def load_json(path: str | Path) -> Trace:
     data = read_document(path)
     if not data.strip():
         raise TraceFormatError("file is empty", path=path)
-    document = parse_json_text(decode_document(data, path), path)
+    text = decode_document(data, path)
+    document = parse_json_text(text, path)
+    _refuse_duplicates(text, document, path)
     try:
         if not isinstance(document, dict):
             raise TraceFormatError(
@@ -53,6 +62,25 @@ def load_json(path: str | Path) -> Trace:
             raise err.located(path, record=index) from None
         requests.append(request)
     return build_trace(path, metadata, requests)
+
+
+def _refuse_duplicates(text: str, document: Any, path: str | Path) -> None:
+    """A key given twice in the document or in a request: one line naming it (and the record),
+    never the last value silently."""
+    again = decoded_with_duplicates(text, keys_in(document))
+    if again is None:
+        return
+    if isinstance(again, dict) and getattr(again, "duplicate", None) is not None:
+        key = again.duplicate  # type: ignore[attr-defined]
+        raise TraceFormatError(f"field {key!r} is given twice", field=key).located(path)
+    records = again.get("requests") if isinstance(again, dict) else None
+    for index, record in enumerate(records if isinstance(records, list) else []):
+        if (key := duplicate_key(record)) is not None:
+            raise TraceFormatError(f"field {key!r} is given twice", field=key).located(
+                path, record=index
+            )
+    if (key := duplicate_key(again)) is not None:
+        raise TraceFormatError(f"field {key!r} is given twice", field=key).located(path)
 
 
 def save_json(trace: Trace, path: str | Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,72 @@ def parse_json_text(text: str, path: str | Path, line: int | None = None) -> Any
         ) from None
 
 
+class _Pairs(dict):  # type: ignore[type-arg]
+    """An object decoded by the duplicate-key check; ``duplicate`` names a repeated key."""
+
+    duplicate: str | None = None
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Pairs:
+    obj = _Pairs(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                obj.duplicate = key
+                break
+            seen.add(key)
+    return obj
+
+
+_PAIRS_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_int=int_or_oversized)
+
+
+def _containers(value: Any) -> Iterator[Any]:
+    """``value`` and every object or array inside it, without recursion (nesting may be as
+    deep as the parser allows)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        yield item
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend(v for v in children if isinstance(v, (dict, list)))
+
+
+def keys_in(value: Any) -> int:
+    """How many keys the decoded ``value``'s objects hold, all levels."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    return sum(len(c) for c in _containers(value) if isinstance(c, dict))
+
+
+def decoded_with_duplicates(text: str, keys: int) -> Any:
+    """``text`` decoded again, each object a ``_Pairs`` marking a repeated key, where it may
+    hold one; None where it cannot: a key written twice leaves fewer keys than ``:``s, so
+    ``keys`` (of the first decoding) equal to the colons proves there is none. Strings with a
+    colon only cost this second decoding."""
+    if text.count(":") == keys:
+        return None
+    return _PAIRS_DECODER.decode(text)
+
+
+def duplicate_key(obj: Any) -> str | None:
+    """A repeated key in a ``decoded_with_duplicates`` value (its top object's first)."""
+    if not isinstance(obj, (dict, list)):
+        return None
+    for item in _containers(obj):
+        if isinstance(item, _Pairs) and item.duplicate is not None:
+            return item.duplicate
+    return None
+
+
+def _check_duplicates(text: str, obj: dict[str, Any]) -> None:
+    """Refuse a record that gives a key twice (JSON would silently keep the last value)."""
+    again = decoded_with_duplicates(text, keys_in(obj))
+    if again is not None and (key := duplicate_key(again)) is not None:
+        raise TraceFormatError(f"field {key!r} is given twice", field=key)
+
+
 _DEEP = 100  # a kvsim record nests 3 levels; Python's parser gives up near 1,000
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
@@ -95,6 +162,8 @@ def load_jsonl(path: str | Path) -> Trace:
         try:
             if not isinstance(obj, dict):
                 raise TraceFormatError(f"expected a JSON object, got {json_type_name(obj)}")
+            if text.count(":") != len(obj):  # else no key can be given twice (a flat record)
+                _check_duplicates(text, obj)
             if not seen_content and VERSION_KEY in obj:
                 seen_content = True
                 metadata = parse_metadata(obj)

@@ -18,6 +18,7 @@ from workloads.importers.common import (
     parse_count,
     parse_seconds,
 )
+from workloads.limits import MAX_TIME_S
 from workloads.request import Trace
 
 COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -33,6 +34,11 @@ def import_burstgpt(path: str | Path, *, name: str | None = None) -> ImportResul
     for line, (stamp, request_tokens, response_tokens) in iter_csv_rows(path, COLUMNS):
         try:
             seconds = parse_seconds(stamp, "Timestamp")
+            if not 0 <= seconds <= MAX_TIME_S:  # seconds since the collection began
+                raise TraceFormatError(
+                    f"Timestamp must be from 0 to {MAX_TIME_S:.0f} s (2^32 s), got {stamp}",
+                    field="Timestamp",
+                )
             prompt = parse_count(request_tokens, "Request tokens")
             output = parse_count(response_tokens, "Response tokens")
         except TraceFormatError as err:

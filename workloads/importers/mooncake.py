@@ -8,8 +8,6 @@ ignored. Rows with 0 input or 0 output tokens are dropped and counted.
 
 from __future__ import annotations
 
-import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +16,13 @@ from workloads.formats.jsonl import parse_json_text
 from workloads.formats.records import json_type_name
 from workloads.formats.textio import iter_lines
 from workloads.importers.common import ImportResult, parse_count
+from workloads.limits import MAX_TIME_S
 from workloads.request import Request, Trace, check_hash_block_size, check_hash_ids
 
 MOONCAKE_BLOCK_TOKENS = 512
-_MAX_TIMESTAMP_MS = sys.float_info.max  # ints are compared exactly, then converted
+# A timestamp past 2^32 s (MAX_TIME_S) cannot resolve a microsecond, however small the shift
+# to 0 that follows (ints are compared exactly, then converted).
+_MAX_TIMESTAMP_MS = MAX_TIME_S * 1000
 _EMPTY_PROMPT = "0 input tokens"
 _EMPTY_OUTPUT = "0 output tokens"
 
@@ -30,10 +31,11 @@ def _timestamp_ms(value: object) -> float:
     # An int past float range would make the later shift to 0 raise OverflowError.
     if type(value) is int and 0 <= value <= _MAX_TIMESTAMP_MS:
         return float(value)
-    if type(value) is float and 0 <= value < math.inf:
+    if type(value) is float and 0 <= value <= _MAX_TIMESTAMP_MS:
         return value
     raise TraceFormatError(
-        f"timestamp must be a finite number of milliseconds >= 0, got {show_value(value)}",
+        f"timestamp must be a number of milliseconds from 0 to {_MAX_TIMESTAMP_MS:.0f} "
+        f"(2^32 s), got {show_value(value)}",
         field="timestamp",
     )
 
