@@ -86,7 +86,7 @@ def _plant(root: Path, tree: dict[tuple[str, ...], bytes]) -> set[Path]:
 
 def _command(writer: str, run_dir: Path, root: Path, target: Path) -> list[str | Path]:
     jsonl = target if target.suffix else target.with_suffix(".jsonl")
-    return {
+    commands: dict[str, list[str | Path]] = {
         "run": ["run", *QUICK, "--out", target],
         "gen": ["gen", *GEN, "-o", jsonl],
         "import": [
@@ -100,7 +100,8 @@ def _command(writer: str, run_dir: Path, root: Path, target: Path) -> list[str |
         "report": ["report", run_dir, "-o", target],
         "export-trace": ["export-trace", run_dir, "-o", target],
         "cache-curve": ["cache-curve", HASHED, "--capacity-tokens", "1e5", "--out", target],
-    }[writer]
+    }
+    return commands[writer]
 
 
 def check_no_user_byte_changes(
