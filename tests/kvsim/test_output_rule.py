@@ -204,3 +204,25 @@ def test_default_run_folders_in_the_same_second_take_the_next_name(
     assert result.exit_code == 0, result.output
     assert (taken / "theirs.txt").read_text() == "x"
     assert taken.with_name(f"{taken.name}-2").is_dir()
+
+
+def test_look_alike_temporaries_survive_the_sigkill_clean_up(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from kvsim.atomic import names
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a dead pid of this host: its name alone must not doom a file
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    lookalikes = {
+        f".run.kvsim-tmp-{names._host_id()}-{child.pid}-abcd": b"my notes",
+        ".important.kvsim-lock": b"my lock-shaped notes",
+        ".x.kvsim-lock": b'{"kvsim_owner": 1, "pid": "1"}',  # a record kvsim never writes
+    }
+    for name, content in lookalikes.items():
+        (runs / name).write_bytes(content)
+    result = kvsim("run", *QUICK, "--out", runs / "other")
+    assert result.exit_code == 0, result.output
+    assert {n: (runs / n).read_bytes() for n in lookalikes} == lookalikes
