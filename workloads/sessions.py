@@ -188,10 +188,10 @@ class _Ids:
     def __init__(self) -> None:
         self.next = 0
 
-    def take(self, count: int = 1) -> list[int]:
+    def take(self, count: int = 1) -> range:
         start = self.next
         self.next += count
-        return list(range(start, start + count))
+        return range(start, start + count)
 
 
 @dataclass(slots=True)
@@ -207,7 +207,7 @@ class _Stream:
         whole = self.tokens // block_size
         if whole > len(self.block_ids):
             self.block_ids.extend(ids.take(whole - len(self.block_ids)))
-        partial = ids.take() if self.tokens % block_size else []
+        partial = ids.take() if self.tokens % block_size else range(0)
         return tuple(self.block_ids[:whole]) + tuple(partial)
 
 
@@ -235,6 +235,12 @@ def _draw(spec: SessionSpec, rng: np.random.Generator) -> _Draws:
     starts = spec.arrivals.times(rng, num_requests=n)
     agent = rng.integers(0, spec.agent_types, n)
     system = sample_lengths(spec.spec("system_prompt"), spec.agent_types, rng)
+    if system.max() > spec.max_context_tokens:
+        agent_type = int(system.argmax())
+        raise SpecError(
+            f"--system-prompt drew {int(system[agent_type]):,} tokens for agent type "
+            f"{agent_type}, more than --max-context {spec.max_context_tokens:,}"
+        )
     turns = sample_lengths(spec.spec("turns"), n, rng, column="output")
     num_turns = int(turns.sum())
     if num_turns > MAX_GENERATED_REQUESTS:

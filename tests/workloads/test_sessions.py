@@ -245,6 +245,11 @@ def test_bad_values_are_refused_naming_the_option(changes: dict[str, object], me
         spec(**changes)
 
 
+def test_a_system_prompt_past_the_context_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"--system-prompt drew 3,000 tokens for agent type 0, "):
+        session_trace(spec(system_prompt="3000", max_context_tokens=2000))
+
+
 def test_arrivals_past_the_clock_limit_are_refused() -> None:
     with pytest.raises(SpecError, match=r"runs past the 4294967296 s"):
         session_trace(
