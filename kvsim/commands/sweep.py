@@ -125,8 +125,9 @@ def sweep_command(
         ),
     ] = 0.05,
 ) -> None:
-    """Run one simulation per point of a grid over run options; write sweep.csv and a report
-    (--metric capacity: the highest rate each configuration serves within the SLOs)."""
+    """Run one simulation per point of a grid over run options; write sweep.csv and
+    report.html, and print the recommendation (--metric capacity: the highest rate each
+    configuration serves within the SLOs)."""
     from kvsim.sweep.slo import parse_slo
     from kvsim.sweep.spec import (
         AXIS_OPTIONS,
