@@ -161,6 +161,7 @@ def main() -> None:
     # Commands only write picture files: matplotlib's headless backend, chosen here rather
     # than at kvsim.plots' import, which must leave a notebook's inline backend alone.
     os.environ["MPLBACKEND"] = "Agg"
+    inductor = _private_inductor_cache()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _interrupt)
     try:
@@ -180,3 +181,21 @@ def main() -> None:
         what = "interrupted" if stop.signum == signal.SIGINT else "terminated (SIGTERM)"
         err_console.print(Text(f"{what}; nothing written", style="yellow"), soft_wrap=True)
         sys.exit(128 + stop.signum)
+    finally:
+        if inductor is not None and os.path.isdir(inductor):
+            import shutil
+
+            shutil.rmtree(inductor, ignore_errors=True)
+
+
+def _private_inductor_cache() -> str | None:
+    """Importing torch makes ``$TMPDIR/torchinductor_$USER``, which outlives the process (a
+    failed engine start too). kvsim compiles nothing with inductor: point its cache at a
+    folder of this process that is never made, or removed at exit if something made it;
+    None where the user chose one."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return None
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(tmp, f".kvsim-inductor-{os.getpid()}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path

@@ -226,3 +226,23 @@ def test_look_alike_temporaries_survive_the_sigkill_clean_up(tmp_path: Path) -> 
     result = kvsim("run", *QUICK, "--out", runs / "other")
     assert result.exit_code == 0, result.output
     assert {n: (runs / n).read_bytes() for n in lookalikes} == lookalikes
+
+
+@pytest.mark.slow  # importing torch: ~10-20 s on a loaded machine
+def test_a_failed_engine_start_leaves_no_torch_cache(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA for the start to fail")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    args = ["run", "--mode", "engine", "--model", "tiny-llama", "--device", "cuda",
+            "--out", tmp_path / "run"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "kvsim", *map(str, args)], env=env,
+                          capture_output=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert os.listdir(tmp_path / "tmp") == []  # no torchinductor_* folder
+    assert os.listdir(tmp_path) == ["tmp"]
