@@ -79,5 +79,6 @@ def test_profile_calibrate_validate_run(tmp_path: Path) -> None:
                   "--gpu", profile / "device.json", "--out", out)  # fmt: skip
     assert again.exit_code == 2 and "--force replaces it" in again.stderr
     assert {p.name for p in out.iterdir()} == {
-        "steps.csv", "comparison.json", "step_times.png", "step_timeline.png"
+        "steps.csv", "comparison.json", "step_times.png", "step_timeline.png",
+        "kvsim-manifest.json",
     }  # fmt: skip
