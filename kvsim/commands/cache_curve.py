@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,14 +30,22 @@ def _run_option(name: str) -> Any:
     return typer.Option(spec.cli_flag(name), help=spec.help, metavar=spec.unit)
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def parse_capacities(text: str) -> list[float]:
     """``1e5,1e6,3e6,inf`` as capacities in tokens; a bad item is one clear message."""
     values = []
     for item in text.split(","):
-        try:
-            value = float(item.strip())
-        except ValueError:
-            fail(f"--capacity-tokens: {item.strip()!r} is not a number of tokens (or inf)")
+        spelled = item.strip()
+        # float() also takes 1_000, nan and "infinity"; a number past float range becomes inf
+        value = float(spelled) if _NUMBER.fullmatch(spelled) else math.nan
+        if spelled.lower() == "inf":
+            value = math.inf
+        elif math.isnan(value):
+            fail(f"--capacity-tokens: {spelled!r} is not a number of tokens (or inf)")
+        elif math.isinf(value):
+            fail(f"--capacity-tokens: {spelled} is too large a number (write inf for unlimited)")
         if not value > 0:
             fail(f"--capacity-tokens: capacities must be > 0 tokens (or inf), got {item.strip()}")
         values.append(value)

@@ -97,9 +97,16 @@ def _read(run_dir: Path, t_from: float | None, t_to: float | None) -> Any:
     from kvsim.outputs.run_folder import read_run
 
     try:
-        return read_run(run_dir)
+        run = read_run(run_dir)
     except (KvsimError, OSError, ValueError) as exc:
         fail(str(exc))
+    end = float(run.summary["sim_duration_s"])
+    if t_from is not None and t_from >= end > 0:
+        fail(
+            f"--from {t_from}: at or after the end of the run ({end:g} s simulated), so the "
+            "window holds nothing to draw"
+        )
+    return run
 
 
 def _needs_events(run: Any, what: str) -> None:

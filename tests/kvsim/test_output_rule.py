@@ -246,3 +246,16 @@ def test_a_failed_engine_start_leaves_no_torch_cache(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert os.listdir(tmp_path / "tmp") == []  # no torchinductor_* folder
     assert os.listdir(tmp_path) == ["tmp"]
+
+
+@pytest.mark.parametrize("command", ["animate", "plot", "report", "export-trace"])
+def test_a_window_after_the_run_is_refused(command: str, earlier_run: Path, tmp_path: Path) -> None:
+    out = {
+        "animate": ["-o", tmp_path / "a.gif"],
+        "plot": ["--out", tmp_path / "p"],
+        "report": ["-o", tmp_path / "r.html"],
+        "export-trace": ["-o", tmp_path / "t.json"],
+    }
+    one_error_line(kvsim(command, earlier_run, "--from", "100", "--to", "200", *out[command]),
+                   "--from 100", "end of the run")  # fmt: skip
+    assert sorted(os.listdir(tmp_path)) == ["prev"]
