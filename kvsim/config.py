@@ -194,7 +194,8 @@ class RunConfig:
         default_text="the trace's",
         sweep="axis",
         sweep_help="Request rates to sweep (requests/s), e.g. 1,2,4,8",
-        check=above(0),
+        # faster, two arrivals fall within a microsecond, the resolution kvsim keeps times at
+        check=above(0, maximum=1e6, why=" requests/s (arrivals a microsecond apart)"),
     )
     time_scale: float | None = option(
         None,
@@ -429,6 +430,19 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         f"allocator {c.allocator!r} runs with the classic scheduler (the contiguous baselines "
         "reproduce the vLLM paper's comparison of 2023 schedulers), not --scheduler v1"
         if c.allocator != "paged" and c.scheduler == "v1"
+        else None
+    ),
+    lambda c: (
+        # vLLM's SchedulerConfig refuses this too: no prompt longer than one step's budget
+        # could ever be scheduled
+        f"--max-num-batched-tokens {c.max_num_batched_tokens} is below --max-model-len "
+        f"{c.max_model_len} with chunked prefill off, so longer prompts could never run (as "
+        "vLLM says): raise it, lower --max-model-len or enable chunked prefill"
+        if not c.enable_chunked_prefill
+        and c.resolved_scheduler() == "v1"
+        and c.max_num_batched_tokens is not None
+        and c.max_model_len is not None
+        and c.max_num_batched_tokens < c.max_model_len
         else None
     ),
     lambda c: (

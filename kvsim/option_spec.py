@@ -80,12 +80,14 @@ def at_least(low: float, *, maximum: float | None = None, why: str = "") -> Chec
     return check
 
 
-def above(low: float) -> Check:
-    """A finite number > ``low``."""
+def above(low: float, *, maximum: float | None = None, why: str = "") -> Check:
+    """A finite number > ``low`` (and <= ``maximum``)."""
 
     def check(name: str, value: Any) -> None:
         if not (low < value < math.inf):
             raise ConfigError(f"{name} must be a finite number > {low}, got {shown(value)}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{name} must be at most {maximum:,g}{why}, got {shown(value)}")
 
     return check
 

@@ -1,0 +1,57 @@
+"""Issue 31: values vLLM (or kvsim's own clock) gives no meaning to are refused at the
+boundary with one line naming the option, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from kvsim.cli import app
+from kvsim.config import RunConfig
+from kvsim.errors import KvsimError
+
+QUICK = ("--until", "1", "--no-plots")
+
+
+def kvsim(*args: str | Path) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result: Result, *fragments: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--rate", "1e308"], ["rate must be at most", "1e+308"]),
+        (["--rate", "2e6"], ["rate must be at most"]),
+        (["--max-num-batched-tokens", "100", "--max-model-len", "4096",
+          "--no-enable-chunked-prefill"],
+         ["--max-num-batched-tokens 100 is below --max-model-len 4096", "chunked prefill"]),
+    ],
+)  # fmt: skip
+def test_meaningless_run_options_are_refused(
+    args: list[str], fragments: list[str], tmp_path: Path
+) -> None:
+    one_error_line(kvsim("run", *QUICK, *args, "--out", tmp_path / "r"), *fragments)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_same_limits_with_chunked_prefill_or_room_are_accepted() -> None:
+    t = "azure_llm_2023_conv"
+    RunConfig(trace=t, max_num_batched_tokens=100, max_model_len=4096)  # chunks fit any budget
+    RunConfig(trace=t, max_num_batched_tokens=4096, max_model_len=4096,
+              enable_chunked_prefill=False)  # fmt: skip
+    RunConfig(trace=t, rate=1e6)
+    with pytest.raises(KvsimError, match="below --max-model-len"):
+        RunConfig(trace=t, max_num_batched_tokens=4095, max_model_len=4096,
+                  enable_chunked_prefill=False)  # fmt: skip
