@@ -27,7 +27,11 @@ def validate_real_command(
         ),
     ],
     coefficients: Annotated[
-        str | None, Opt(help="Step-time coefficient file (default: the GPU preset's)")
+        str | None,
+        Opt(
+            help="Step-time coefficient file or shipped name (default: the SPEC's "
+            "serving_stack under its GPU, e.g. h100-sxm+vllm-0.15; else the GPU preset)"
+        ),
     ] = None,
     workload: Annotated[
         list[str] | None, Opt(help="Only this workload of the SPEC (repeatable)")
