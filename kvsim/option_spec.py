@@ -157,6 +157,9 @@ def check_type(name: str, value: Any, hint: Any) -> None:
         raise ConfigError(f"{name} must be {_TYPE_WORDS[hint]}, got {shown(value)}")
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def check_step_time(spec: str) -> None:
     parse_step_time(spec)
 
@@ -167,12 +170,13 @@ def parse_step_time(spec: str) -> tuple[float, float]:
     parts = rest.split(":")
     if kind != "linear" or len(parts) != 2:
         raise ConfigError(f"step_time must be linear:BASE_S:PER_TOKEN_S, got {shown(spec)}")
-    try:
-        base, per_token = float(parts[0]), float(parts[1])
-    except ValueError:
+    # float() also takes 1_0, " 1" and "infinity": only plain decimal numbers are seconds
+    if not all(_DECIMAL.fullmatch(part) for part in parts):
         raise ConfigError(
-            f"step_time {shown(spec)}: BASE_S and PER_TOKEN_S must be numbers"
-        ) from None
+            f"step_time {shown(spec)}: BASE_S and PER_TOKEN_S must be decimal numbers "
+            "(e.g. 0.005, 2e-5)"
+        )
+    base, per_token = float(parts[0]), float(parts[1])
     if not (0 <= base < math.inf and 0 <= per_token < math.inf) or base + per_token == 0:
         raise ConfigError(
             f"step_time {shown(spec)}: BASE_S and PER_TOKEN_S must be finite, >= 0 and not both 0"

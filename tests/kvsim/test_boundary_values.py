@@ -55,3 +55,13 @@ def test_the_same_limits_with_chunked_prefill_or_room_are_accepted() -> None:
     with pytest.raises(KvsimError, match="below --max-model-len"):
         RunConfig(trace=t, max_num_batched_tokens=4095, max_model_len=4096,
                   enable_chunked_prefill=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec", ["linear:1_0:0.001", "linear:0.005:1_0", "linear:nan:1", "linear:infinity:0",
+             "linear: 1:0"],
+)  # fmt: skip
+def test_step_time_takes_plain_decimal_numbers(spec: str, tmp_path: Path) -> None:
+    one_error_line(kvsim("run", *QUICK, "--step-time", spec, "--out", tmp_path / "r"),
+                   "step_time", "decimal numbers")  # fmt: skip
+    assert RunConfig(trace="azure_llm_2023_conv", step_time="linear:0.005:2e-5")
