@@ -87,8 +87,11 @@ NO_EVENTS_HINT = "rerun it with kvsim run --config {run}/config.json to get them
 DRAW_ERRORS = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 
 
-def _read(run_dir: Path, t_from: float | None, t_to: float | None) -> Any:
-    """The run folder, after checking the window; any problem is one red line."""
+def _read(
+    run_dir: Path, t_from: float | None, t_to: float | None, *, whole_events: bool = True
+) -> Any:
+    """The run folder, after checking the window; any problem is one red line.
+    ``whole_events=False``: for pictures, which read a long events file themselves."""
     for flag, value in (("--from", t_from), ("--to", t_to)):
         if value is not None and not (0 <= value < math.inf):
             fail(f"{flag} must be >= 0 and finite (seconds), got {value}")
@@ -97,7 +100,7 @@ def _read(run_dir: Path, t_from: float | None, t_to: float | None) -> Any:
     from kvsim.outputs.run_folder import read_run
 
     try:
-        run = read_run(run_dir)
+        run = read_run(run_dir, whole_events=whole_events)
     except (KvsimError, OSError, ValueError) as exc:
         fail(str(exc))
     end = float(run.summary["sim_duration_s"])
@@ -164,7 +167,7 @@ def plot_command(
     from kvsim.plots import NEEDS_EVENTS
 
     names = picture_names(what)
-    run = _read(run_dir, t_from, t_to)
+    run = _read(run_dir, t_from, t_to, whole_events=False)
     for name in names or []:
         if name in NEEDS_EVENTS:
             _needs_events(run, f"the {name} picture")
@@ -298,7 +301,7 @@ def report_command(
     from kvsim.plots.side_by_side import picture_workers
 
     _check_out(out, force, run_dir)
-    run = _read(run_dir, t_from, t_to)
+    run = _read(run_dir, t_from, t_to, whole_events=False)
     path = out or run_dir / "report.html"
     title = f"kvsim run: {run.path.name} ({run.config.trace})"
     try:

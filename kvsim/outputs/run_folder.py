@@ -161,6 +161,13 @@ class RunFolder:
     requests: pd.DataFrame
     steps: pd.DataFrame
     events: pd.DataFrame | None
+    # events.parquet where ``events`` holds only its marks (read_run(whole_events=False) of a
+    # file too long to read whole): the occupancy map and Gantt chart read it themselves.
+    events_path: Path | None = None
+
+
+# The rows kept of an events file too long to read whole: the free-blocks plot's marks.
+MARK_KINDS = ("PREEMPT", "REJECT", "EVICT")
 
 
 # The columns every reader of a run folder relies on, by kind: "int", "number" or "text".
@@ -249,9 +256,12 @@ def _read_json(file: Path) -> Any:
         raise RunFolderError(f"{file}: not readable JSON: {exc}") from None
 
 
-def read_run(path: Path) -> RunFolder:
+def read_run(path: Path, *, whole_events: bool = True) -> RunFolder:
     """Read a run folder written by ``write_run``; ``RunFolderError`` (one line naming the
-    file and field) if a file is missing, unreadable, or lacks what the readers need."""
+    file and field) if a file is missing, unreadable, or lacks what the readers need. With
+    ``whole_events=False`` (the pictures) an events.parquet of more than
+    ``MAX_PLOTTED_EVENT_ROWS`` rows is not read whole: ``events`` holds its ``MARK_KINDS``
+    rows and ``events_path`` names it (kvsim/plots/large_runs.py reads what it needs)."""
     path = Path(path)
     if not path.is_dir():
         raise RunFolderError(f"{path}: not a run folder (no such directory)")
@@ -272,9 +282,19 @@ def read_run(path: Path) -> RunFolder:
     import pandas as pd
 
     tables: dict[str, pd.DataFrame | None] = {t: None for t in TABLES}
+    events_path = None
     for table in present:
+        file = path / f"{table}.parquet"
         try:
-            tables[table] = pd.read_parquet(path / f"{table}.parquet")
+            if table == "events" and not whole_events and _rows(file) > MAX_PLOTTED_EVENT_ROWS:
+                tables[table] = pd.read_parquet(file, filters=[("kind", "in", list(MARK_KINDS))])
+                events_path = file
+            else:
+                tables[table] = pd.read_parquet(file)
         except (OSError, ValueError, pa.ArrowException) as exc:
-            raise RunFolderError(f"{path / f'{table}.parquet'}: cannot read: {exc}") from None
-    return RunFolder(path, config, resolved, summary, **tables)
+            raise RunFolderError(f"{file}: cannot read: {exc}") from None
+    return RunFolder(path, config, resolved, summary, **tables, events_path=events_path)
+
+
+def _rows(file: Path) -> int:
+    return int(pq.ParquetFile(file).metadata.num_rows)

@@ -55,10 +55,12 @@ class BlockSample:
     def note(self) -> str:
         """What the picture's title says of the sample."""
         which = "every block" if self.stride == 1 else f"every {_ordinal(self.stride)} block"
-        return (
-            f"sampled: {which}, {len(self.events) / 1e6:.3g} M of "
-            f"{self.total_rows / 1e6:.3g} M event rows"
-        )
+        kept, total = _count(len(self.events)), _count(self.total_rows)
+        return f"sampled: {which}, {kept} of {total} event rows"
+
+
+def _count(rows: int) -> str:
+    return f"{rows / 1e6:.3g} M" if rows >= 1e6 else f"{rows:,}"
 
 
 def _ordinal(n: int) -> str:

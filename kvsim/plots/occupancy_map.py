@@ -82,12 +82,11 @@ def plot_occupancy_grid(
     fig, ax = new_axes("", "simulated time (s)", "physical block id", size=(10, 5))
     ax.grid(False)
     t_from, t_to = float(grid.time_edges[0]), float(grid.time_edges[-1])
-    sampled = num_blocks
     num_blocks = shown_blocks or num_blocks
     extent = (t_from, t_to, num_blocks - 0.5, -0.5)
     rows = len(grid.row_edges) - 1
     per_row = (
-        f"one row per {num_blocks / rows:,.3g} blocks" if rows < sampled else "one row per block"
+        f"one row per {num_blocks / rows:,.3g} blocks" if rows < num_blocks else "one row per block"
     )
     if by_request:
         rgb = owner_image(grid)

@@ -84,6 +84,14 @@ def large_events(run: RunTables) -> Path | None:
     return None if path is None or not is_large(Path(path)) else Path(path)
 
 
+def _paged(run: RunTables) -> bool:
+    """Whether ``run``'s allocator is paged (its own flag, else its config's allocator)."""
+    paged = getattr(run, "paged", None)
+    if paged is None:
+        paged = getattr(getattr(run, "config", None), "allocator", "paged") == "paged"
+    return bool(paged)
+
+
 def draw(
     run: RunTables, name: str, *, t_from: float | None = None, t_to: float | None = None
 ) -> Figure:
@@ -94,8 +102,7 @@ def draw(
     large = large_events(run) if name in NEEDS_EVENTS else None
     if name == "occupancy" and large is not None:  # a sample of blocks, said in the title
         return plot_sampled_occupancy(
-            large, num_blocks, t_from=t_from, t_to=t_to, end_s=end_s,
-            paged=getattr(run, "paged", True),
+            large, num_blocks, t_from=t_from, t_to=t_to, end_s=end_s, paged=_paged(run),
         )  # fmt: skip
     if name == "occupancy":
         return plot_occupancy(run_events(run), num_blocks, t_from=t_from, t_to=t_to, end_s=end_s)

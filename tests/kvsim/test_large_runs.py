@@ -109,3 +109,42 @@ def test_kvsim_run_draws_both_pictures_of_a_long_run(
     folder = write_run(result, tmp_path / "run")
     pngs = {p.name for p in (folder / "plots").iterdir()}
     assert {"occupancy.png", "gantt.png"} <= pngs
+
+
+def test_kvsim_plot_and_report_of_a_long_run_folder(
+    pressured_config: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from kvsim.outputs.run_folder import MARK_KINDS, read_run
+
+    result = run(pressured_config.replace(until=30.0))
+    folder = write_run(result, tmp_path / "run", plots=False)
+    limit = event_rows(folder / "events.parquet") // 2
+    monkeypatch.setattr(run_folder, "MAX_PLOTTED_EVENT_ROWS", limit)
+    monkeypatch.setattr(large_runs, "MAX_PLOTTED_EVENT_ROWS", limit)
+    marks = read_run(folder, whole_events=False)
+    assert marks.events_path == folder / "events.parquet" and marks.events is not None
+    assert set(marks.events["kind"].astype(str)) <= set(MARK_KINDS)
+    assert read_run(folder).events_path is None  # animate, export-trace: every row
+    from kvsim.plots import draw
+
+    occupancy = draw(marks, "occupancy")
+    title = occupancy.axes[0].get_title()
+    assert "one row per 3 blocks" in title or "one row per 2 blocks" in title
+    rows = event_rows(folder / "events.parquet")
+    assert "sampled: every" in title and f"of {rows:,} event rows" in title
+    gantt = draw(marks, "gantt", t_from=10.0, t_to=20.0)  # its requests' rows, from the file
+    whole = draw(read_run(folder), "gantt", t_from=10.0, t_to=20.0)
+    assert bars(gantt) == bars(whole) and gantt.axes[0].get_title() == whole.axes[0].get_title()
+    plt.close("all")
+    out = tmp_path / "pics"
+    done = CliRunner().invoke(app, ["plot", str(folder), "-w", "occupancy,gantt", "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".png") == [
+        "gantt.png", "occupancy.png",
+    ]  # fmt: skip
+    done = CliRunner().invoke(app, ["report", str(folder)])
+    assert done.exit_code == 0, done.output
+    assert "occupancy" in (folder / "report.html").read_text()
