@@ -32,6 +32,12 @@ from kvsim.costmodel.specio import (
 # GPU fits stay <= 1 (fractions of datasheet peaks); a CPU fit may exceed 1 where operands are
 # cache-resident (its peak bandwidth is measured on DRAM), never by orders of magnitude.
 MAX_EFFICIENCY = 100.0
+# Bounds that keep every step price finite (priced over up to 2^30 tokens) and are far beyond
+# any measurement: a time term (latency, per-token, per-block, per-sequence cost) of an hour, a
+# token count of 2^30, an efficiency of a millionth of the datasheet peak.
+MAX_TIME_TERM_S = 3600.0
+MAX_TERM_TOKENS = float(2**30)
+MIN_EFFICIENCY = 1e-6
 FORMAT = "kvsim-step-coefficients"
 VERSION = 1
 
@@ -240,17 +246,28 @@ def _dataclass_from(cls: type, value: object, where: str) -> Any:
         kind = f.metadata.get("kind")
         if kind in ("time", "nonnegative"):
             values[f.name] = nonnegative_float(raw, "value", key)
+            bound, unit = (MAX_TIME_TERM_S, " s") if kind == "time" else (MAX_TERM_TOKENS, "")
+            if values[f.name] > bound:  # larger ones overflow the step prices
+                raise CostModelError(f"{key}: must be at most {bound:g}{unit}, got {raw!r}")
         elif kind == "efficiency":
             number = positive_float(raw, "value", key)
             if number > MAX_EFFICIENCY:
                 raise CostModelError(
                     f"{key}: an efficiency must be in (0, {MAX_EFFICIENCY:g}], got {raw!r}"
                 )
+            if number < MIN_EFFICIENCY:  # smaller ones overflow the step prices
+                raise CostModelError(
+                    f"{key}: an efficiency must be at least {MIN_EFFICIENCY:g}, got {raw!r}"
+                )
             values[f.name] = number
         elif kind == "count":
             values[f.name] = positive_int(raw, "value", key)
         elif kind == "positive":
             values[f.name] = positive_float(raw, "value", key)
+            if not MIN_EFFICIENCY <= values[f.name] <= MAX_TERM_TOKENS:
+                raise CostModelError(
+                    f"{key}: must be in [{MIN_EFFICIENCY:g}, {MAX_TERM_TOKENS:g}], got {raw!r}"
+                )
         elif f.name == "profiles":
             if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
                 raise CostModelError(f"{key} must be a list of file names, got {raw!r}")

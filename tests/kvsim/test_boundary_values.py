@@ -65,3 +65,36 @@ def test_step_time_takes_plain_decimal_numbers(spec: str, tmp_path: Path) -> Non
     one_error_line(kvsim("run", *QUICK, "--step-time", spec, "--out", tmp_path / "r"),
                    "step_time", "decimal numbers")  # fmt: skip
     assert RunConfig(trace="azure_llm_2023_conv", step_time="linear:0.005:2e-5")
+
+
+def _coefficients_with(tmp_path: Path, path: tuple[str, ...], value: float) -> Path:
+    import json
+
+    root = Path(__file__).resolve().parents[2] / "kvsim" / "costmodel" / "gpu_coefficients"
+    data = json.loads((root / "a100-80gb.json").read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    out = tmp_path / f"{'.'.join(path)}.json"
+    out.write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fragment"),
+    [
+        (("overheads", "block_walk_s"), 1e308, "overheads.block_walk_s: must be at most 3600 s"),
+        (("attention", "decode", "latency_s"), 1e308, "attention.decode.latency_s"),
+        (("attention", "decode", "bw_efficiency"), 1e-308, "at least 1e-06"),
+        (("linear", "gemm", "m_half_tokens"), 1e308, "linear.gemm.m_half_tokens"),
+    ],
+)
+def test_coefficient_terms_that_overflow_a_step_are_one_line(
+    path: tuple[str, ...], value: float, fragment: str, tmp_path: Path
+) -> None:
+    co = _coefficients_with(tmp_path, path, value)
+    result = kvsim("run", "azure_llm_2023_conv_first_2min", "--no-plots", "--coefficients", co,
+                   "--out", tmp_path / "r")  # fmt: skip
+    one_error_line(result, co.name, fragment)
+    assert not (tmp_path / "r").exists()
