@@ -12,7 +12,6 @@ import numpy as np
 
 from engine import Scheduler, make_scheduler
 from engine.core.events import ChunkCallback, Columns
-from engine.v1.prefix_keys import prefix_from_hash_ids
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
@@ -33,13 +32,11 @@ from kvsim.fleet.run import simulate_fleet
 from kvsim.option_spec import parse_step_time
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
-from kvsim.sim.engine_config import prefix_source_of, scheduler_config
+from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.engine_mode import (
-    SESSION_STREAM_TOKENS,
     EngineExecutor,
     PromptTokens,
     build_llm,
-    session_stream_key,
 )
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
@@ -312,22 +309,7 @@ def simulate(
     if placeholder_tokens and config.caches_prefixes():
         prefix_of = prefix_source_of(trace, config.block_size)
 
-    def key_source(request: Request) -> tuple[list[int], int] | None:
-        """prefix_of's keys for the compiled core: (hash_ids, hash_block_size), or None."""
-        if not config.caches_prefixes():
-            return None
-        if not request.hash_ids and request.session_id is not None:
-            ids, hash_block_size = [session_stream_key(request.session_id)], SESSION_STREAM_TOKENS
-        elif not request.hash_ids:
-            return None
-        else:
-            if trace.hash_block_size is None:  # the same error as prefix_of's
-                prefix_from_hash_ids(request.hash_ids, None, request.prompt_tokens, 1)
-            assert trace.hash_block_size is not None
-            ids, hash_block_size = list(request.hash_ids), trace.hash_block_size
-        # A hash id covering the whole prompt gives the same keys at any larger size (only the
-        # first id is used, and every block's last token falls in it): the core takes int32.
-        return ids, min(hash_block_size, request.prompt_tokens)
+    key_source = key_source_of(trace, caching=config.caches_prefixes())
 
     settings = SimSettings(
         concurrency=config.concurrency,

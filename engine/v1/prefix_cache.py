@@ -215,17 +215,6 @@ class PrefixCacheMixin:
             hits.append(entry if isinstance(entry, int) else entry[0])
         return hits
 
-    def cached_prefix_length(self, keys: list[int]) -> int:
-        """How many of ``keys`` (a prompt's block keys in order) are in the prefix cache
-        from the first on: what an oracle router reads. Changes nothing."""
-        cached = self._cached
-        n = 0
-        for key in keys:
-            if key not in cached:
-                break
-            n += 1
-        return n
-
     def _find_private_prefix(self, seq: Sequence) -> list[int]:
         """``find_cached_prefix`` of a sequence whose blocks only it can hit: among the
         blocks of its earlier tables still carrying its key, the earliest cached."""

@@ -20,7 +20,8 @@ import numpy as np
 from engine.core.event_kinds import EventKind
 from engine.core.events import EventRecorder
 
-_STORED, _REMOVED, _CLEARED = 0, 1, 2
+# KvEventIndex.publish's ops: BlockStored, BlockRemoved, AllBlocksCleared
+STORED, REMOVED, RESET = 0, 1, 2
 _CACHE, _EVICT, _RESET = int(EventKind.CACHE), int(EventKind.EVICT), int(EventKind.CACHE_RESET)
 
 
@@ -33,23 +34,31 @@ class KvEventIndex:
         self.delay_s = delay_s
         self._held: list[dict[int, int]] = [{} for _ in range(num_replicas)]  # key -> blocks
         self._num_held = [0] * num_replicas  # blocks held (a key held twice counts twice)
-        self._pending: deque[tuple[float, int, int, Sequence[int]]] = deque()
+        # per replica (each runs on its own clock, so only its own events come in time order)
+        self._pending: list[deque[tuple[float, int, Sequence[int]]]] = [
+            deque() for _ in range(num_replicas)
+        ]
 
     def publish(self, time_s: float, replica: int, op: int, keys: Sequence[int]) -> None:
-        """A replica's event at ``time_s`` (simulated seconds): published events arrive in
-        time order, so one queue keeps them due in order."""
-        self._pending.append((time_s + self.delay_s, replica, op, keys))
+        """A replica's event at ``time_s`` (simulated seconds), in the replica's time order."""
+        self._pending[replica].append((time_s + self.delay_s, op, keys))
 
     def advance(self, now_s: float) -> None:
         """Apply every event due by ``now_s``."""
-        pending = self._pending
+        for replica, pending in enumerate(self._pending):
+            if pending and pending[0][0] <= now_s:
+                self._apply(replica, pending, now_s)
+
+    def _apply(
+        self, replica: int, pending: deque[tuple[float, int, Sequence[int]]], now_s: float
+    ) -> None:
+        counts = self._held[replica]
         while pending and pending[0][0] <= now_s:
-            _, replica, op, keys = pending.popleft()
-            counts = self._held[replica]
-            if op == _STORED:
+            _, op, keys = pending.popleft()
+            if op == STORED:
                 _store(counts, keys)
                 self._num_held[replica] += len(keys)
-            elif op == _REMOVED:
+            elif op == REMOVED:
                 _remove(counts, keys)
                 self._num_held[replica] -= len(keys)
             else:
@@ -129,11 +138,11 @@ class KvEventTap(EventRecorder):
     ) -> None:
         super().record(kind, seq_id, free_blocks, block_ids, num_tokens)
         if kind == _CACHE:
-            self._awaiting.append((_STORED, len(block_ids)))
+            self._awaiting.append((STORED, len(block_ids)))
         elif kind == _EVICT:
-            self._awaiting.append((_REMOVED, len(block_ids)))
+            self._awaiting.append((REMOVED, len(block_ids)))
         elif kind == _RESET and self.index is not None:
-            self.index.publish(self.clock(), self.replica, _CLEARED, ())
+            self.index.publish(self.clock(), self.replica, RESET, ())
 
     def record_block_events(
         self, kinds: list[int], seq_ids: list[int], block_ids: list[int], num_tokens: list[int],
@@ -142,9 +151,9 @@ class KvEventTap(EventRecorder):
         super().record_block_events(kinds, seq_ids, block_ids, num_tokens, free_blocks)
         for kind in kinds:
             if kind == _CACHE:
-                self._awaiting.append((_STORED, 1))
+                self._awaiting.append((STORED, 1))
             elif kind == _EVICT:
-                self._awaiting.append((_REMOVED, 1))
+                self._awaiting.append((REMOVED, 1))
 
     def record_hashes(self, block_hashes: Sequence[int] | np.ndarray) -> None:
         super().record_hashes(block_hashes)

@@ -47,6 +47,7 @@ class Router(ABC):
 
     name: ClassVar[str]
     uses_prefix: ClassVar[bool] = False  # reads ReplicaView.prefix_blocks
+    follows_prefills: ClassVar[bool] = False  # reads active_prefill_tokens (each step's output)
 
     def __init__(self, num_replicas: int, rng: np.random.Generator) -> None:
         self.num_replicas = num_replicas
@@ -174,6 +175,7 @@ class KvRouter(Router):
 
     name = "kv-router"
     uses_prefix = True
+    follows_prefills = True
 
     def __init__(
         self,

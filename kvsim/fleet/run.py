@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import simpy
 
 from engine import make_scheduler
 from engine.v1.prefix_keys import UniquePrefix
@@ -26,28 +25,34 @@ from kvsim.analysis.measure import measure
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits
 from kvsim.fleet.kv_index import KvEventTap
+from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
 from kvsim.fleet.routers import make_router
-from kvsim.fleet.simulation import FleetSimulation, ReplicaSimulation
+from kvsim.fleet.simulation import FleetSimulation
 from kvsim.fleet.summary import fleet_summary
 from kvsim.sim.allocators import build_allocator
-from kvsim.sim.engine_config import prefix_source_of, scheduler_config
+from kvsim.sim.compiled_v1 import KeySource, compiled_v1_applies
+from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.executor import Executor
 from kvsim.sim.simulation import SimSettings
 from workloads import Request, Trace
 
 
 class _Replica:
-    """One replica's simulation and the trackers that follow its events."""
+    """One replica's simulation and the trackers that follow its events: on the compiled
+    core where a one-replica run would use it (``compiled_v1_applies``) and ``compiled`` is
+    allowed, else on the Python scheduler."""
 
     def __init__(
         self,
-        env: simpy.Environment,
         config: RunConfig,
         limits: SchedulingLimits,
         num_blocks: int,
         max_model_len: int | None,
         executor: Executor,
         prefix_of: Callable[[Request], Any] | None,
+        key_source: KeySource,
+        *,
+        compiled: bool = True,
     ) -> None:
         caching = config.caches_prefixes()
         scheduler = make_scheduler(
@@ -65,7 +70,22 @@ class _Replica:
             lambda seq_id: final_length(self.sim.submitted[seq_id], max_model_len),
         )
         self.block_states = BlockStateTracker(num_blocks, track_states=False) if caching else None
-        consumers = [self.usage.consume]
+        settings = SimSettings(seed=config.seed, until=config.until)
+        common: dict[str, Any] = {"keep_block_ids": False, "keep_kinds": METRIC_KINDS}
+        self.compiled = compiled and compiled_v1_applies(scheduler, executor, config.fast_decode)
+        self.sim: ReplicaSimulation | CompiledReplicaSimulation
+        if self.compiled:  # the core follows residency and usage itself
+            states = self.block_states
+            self.sim = CompiledReplicaSimulation(
+                [], scheduler, executor, settings, key_source=key_source,
+                on_residency=states.restore_compiled if states is not None else None,
+                residency_sample=(1, 0) if states is None
+                else (states.residency.capacity, states.residency.seed),
+                on_usage=self.usage.restore_compiled,
+                final_length_of=self.usage.final_length_of, **common,
+            )  # fmt: skip
+            return
+        consumers: list[Callable[[Any, np.ndarray], None]] = [self.usage.consume]
         if self.block_states is not None:
             consumers.append(self.block_states.consume)
 
@@ -74,9 +94,8 @@ class _Replica:
                 consume(cols, block_ids)
 
         self.sim = ReplicaSimulation(
-            [], scheduler, executor, SimSettings(seed=config.seed, until=config.until),
-            prefix_of=prefix_of, on_events_chunk=on_chunk, keep_block_ids=False,
-            keep_kinds=METRIC_KINDS, env=env, recorder_class=KvEventTap,
+            [], scheduler, executor, settings, prefix_of=prefix_of, on_events_chunk=on_chunk,
+            recorder_class=KvEventTap, **common,
         )  # fmt: skip
 
 
@@ -107,17 +126,26 @@ def simulate_fleet(
 ) -> tuple[dict[str, Any], Table, Table, Table]:
     """Run ``trace`` through ``config.replicas`` replicas of ``num_blocks`` blocks each:
     summary.json, requests, steps and routing tables."""
-    env = simpy.Environment()
     prefix_of = prefix_source_of(trace, config.block_size) if config.caches_prefixes() else None
+    key_source = key_source_of(trace, caching=config.caches_prefixes())
+    router = make_router(config.router, config.replicas, config.seed)
     replicas = [
-        _Replica(env, config, limits, num_blocks, max_model_len, make_executor(), prefix_of)
+        _Replica(
+            config,
+            limits,
+            num_blocks,
+            max_model_len,
+            make_executor(),
+            prefix_of,
+            key_source,
+            compiled=not router.follows_prefills,
+        )
         for _ in range(config.replicas)
     ]
     fleet = FleetSimulation(
-        env,
         trace.requests,
         [r.sim for r in replicas],
-        make_router(config.router, config.replicas, config.seed),
+        router,
         prompt_keys(prefix_of, config.block_size),
         block_size=config.block_size,
         event_delay_s=config.router_event_delay_s,

@@ -1,46 +1,42 @@
-"""A fleet on one clock: N replicas (each the v1 engine with its own pool) behind a router.
+"""A fleet: N replicas (each the v1 engine with its own pool) behind a router, one timeline.
 
-Every replica is a ``kvsim.sim.Simulation`` sharing one simpy environment; the router process
-takes the requests in arrival order and, at each arrival time, builds the replicas' views
-(``ReplicaView``), asks the router and submits the request to the replica chosen. The
-replicas publish their load every ``stats_interval_s`` and their KV events continuously
-(to a ``KvEventIndex`` that applies them ``event_delay_s`` late); with ``oracle`` the router
-reads the replicas' caches directly instead.
+Every replica is a ``kvsim.sim.Simulation`` with its own simpy environment. Replicas touch
+each other only through the router, and the router acts only at arrivals, so between two
+arrivals each replica runs on its own: the fleet takes the requests in arrival order and, for
+each, brings every replica's clock to the last load publication before it (every
+``stats_interval_s``, at k x ``stats_interval_s``: the load figures the router reads), then to
+the arrival time, builds the replicas' views (``ReplicaView``), asks the router and submits
+the request to the replica chosen. This is the same timeline as one shared clock, without
+interleaving the replicas' steps (each replica's steps mostly skip simpy: nothing else is
+due before them). The replicas' KV events go to a ``KvEventIndex`` as they are recorded,
+applied ``event_delay_s`` late; with ``oracle``, with no delay (the caches as they are).
+
+A replica's own events at exactly an arrival's time (a step ending then) come after the
+arrival; with a shared clock their order would follow simpy's scheduling order.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from array import array
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import simpy
 
 from engine.core.scheduler_output import SchedulerOutput
-from kvsim.fleet.kv_index import KvEventIndex, KvEventTap
+from kvsim.fleet.kv_index import KvEventIndex
+from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
 from kvsim.fleet.routers import ReplicaView, Router, RouteRequest
 from kvsim.sim.gc_passes import fewer_gc_passes
-from kvsim.sim.simulation import SimResult, Simulation
+from kvsim.sim.simulation import SimResult
 from workloads import Request
 
 # Replica-side bookkeeping the router keeps per routed request (Dynamo's slot tracker).
 _PREFILLING, _DECODING = 0, 1
-
-
-class ReplicaSimulation(Simulation):
-    """A replica: a Simulation that tells the fleet when its sequences finish."""
-
-    on_finish: Callable[[int, int], None] | None = None  # (replica, seq_id)
-    replica: int = 0
-
-    def _finish(self, seq_id: int) -> None:
-        super()._finish(seq_id)
-        if self.on_finish is not None:
-            self.on_finish(self.replica, seq_id)
 
 
 @dataclass(slots=True)
@@ -59,13 +55,12 @@ class FleetSimResult:
 
 
 class FleetSimulation:
-    """``requests`` routed by ``router`` to ``replicas`` (fresh, built on ``env``)."""
+    """``requests`` routed by ``router`` to ``replicas`` (fresh, each on its own clock)."""
 
     def __init__(
         self,
-        env: simpy.Environment,
         requests: list[Request],
-        replicas: Sequence[ReplicaSimulation],
+        replicas: Sequence[ReplicaSimulation | CompiledReplicaSimulation],
         router: Router,
         prompt_keys_of: Callable[[Request], list[int]],
         *,
@@ -79,7 +74,6 @@ class FleetSimulation:
         them (``[]`` for a prompt nobody shares)."""
         if stats_interval_s <= 0:
             raise ValueError(f"stats_interval_s must be > 0 seconds, got {stats_interval_s}")
-        self.env = env
         self.requests = requests
         self.replicas = list(replicas)
         self.router = router
@@ -87,7 +81,9 @@ class FleetSimulation:
         self.stats_interval_s = stats_interval_s
         self.oracle = oracle
         self.until = until
-        self.index = KvEventIndex(len(self.replicas), event_delay_s)
+        # the oracle reads each cache as it is: the index with no delay (a property test holds
+        # it equal to the caches at every routing)
+        self.index = KvEventIndex(len(self.replicas), 0.0 if oracle else event_delay_s)
         self._prompt_keys_of = prompt_keys_of
         n = len(self.replicas)
         self._stats = [(0, 0, 0.0)] * n  # published (waiting, running, kv_usage)
@@ -101,20 +97,17 @@ class FleetSimulation:
         self._route_seq = array("q")
         self._route_prefix = array("q")
         self._route_blocks = array("q")
-        self._arrivals_done = False
+        self.now = 0.0  # the fleet's clock: the last arrival routed
+        if len({id(sim.env) for sim in self.replicas}) != n:
+            raise ValueError("every replica needs its own simpy environment")
         for i, sim in enumerate(self.replicas):
-            if sim.env is not env:
-                raise ValueError("every replica must run on the fleet's environment")
             sim.replica = i
             sim.on_finish = self._finished
             sim._on_step_end = functools.partial(self._step_ended, i)
-            if router.uses_prefix and not oracle:  # only such a router reads the events
-                recorder = sim.recorder
-                if not isinstance(recorder, KvEventTap):
-                    raise ValueError(
-                        "a prefix-aware router needs replicas recording with KvEventTap"
-                    )
-                recorder.index, recorder.replica = self.index, i
+            if router.uses_prefix:  # only such a router reads the events
+                sim.attach_index(self.index)
+            if router.follows_prefills and not isinstance(sim, ReplicaSimulation):
+                raise ValueError(f"router {router.name} needs replicas on the Python scheduler")
 
     # --- the router's bookkeeping -------------------------------------------------------
 
@@ -139,27 +132,16 @@ class FleetSimulation:
 
     # --- processes ----------------------------------------------------------------------
 
-    def _publisher(self) -> Generator[simpy.Event, Any, None]:
-        """The replicas' load, published every ``stats_interval_s`` while requests arrive."""
-        env = self.env
-        while not self._arrivals_done:
-            self._stats = [
-                (
-                    sim.scheduler.num_waiting,
-                    sim.scheduler.num_running,
-                    1.0 - sim.block_manager.get_num_free_blocks() / sim.block_manager.num_blocks,
-                )
-                for sim in self.replicas
-            ]
-            self.router.on_stats()
-            yield env.timeout(self.stats_interval_s)
+    def _publish(self) -> None:
+        """The replicas' load as the router will read it until the next publication."""
+        self._stats = [sim.load() for sim in self.replicas]
+        self.router.on_stats()
 
-    def _prefix_blocks(self, replica: int, keys: list[int]) -> int:
-        if not keys:
-            return 0
-        if self.oracle:
-            return self.replicas[replica].block_manager.cached_prefix_length(keys)  # type: ignore[attr-defined, no-any-return]
-        return self.index.prefix_blocks(replica, keys)
+    def _advance(self, t: float) -> None:
+        """Run every replica up to ``t`` (simulated seconds; what is due at ``t`` stays)."""
+        for sim in self.replicas:
+            if t > sim.env.now:
+                sim.env.run(until=t)
 
     def _views(self, keys: list[int]) -> list[ReplicaView]:
         index, uses_prefix = self.index, self.router.uses_prefix
@@ -170,7 +152,7 @@ class FleetSimulation:
                     waiting=waiting,
                     running=running,
                     kv_usage=usage,
-                    prefix_blocks=self._prefix_blocks(i, keys) if uses_prefix else 0,
+                    prefix_blocks=index.prefix_blocks(i, keys) if keys else 0,
                     cached_blocks=index.num_cached_blocks(i) if uses_prefix else 0,
                     routed_active=self._routed_active[i],
                     active_prefill_tokens=self._prefill_tokens[i],
@@ -180,8 +162,8 @@ class FleetSimulation:
         return views
 
     def _route(self, request: Request) -> None:
-        env, bs = self.env, self.block_size
-        self.index.advance(env.now)
+        bs = self.block_size
+        self.index.advance(self.now)
         keys = self._prompt_keys_of(request) if self.router.uses_prefix else []
         num_blocks = request.prompt_tokens // bs
         views = self._views(keys)
@@ -197,44 +179,53 @@ class FleetSimulation:
         self._routed_active[chosen] += 1
         self._prefill_tokens[chosen] += uncached
         self._active_blocks[chosen] += blocks
-        self._route_time.append(env.now)
+        self._route_time.append(self.now)
         self._route_replica.append(chosen)
         self._route_seq.append(seq_id)
         self._route_prefix.append(held)
         self._route_blocks.append(num_blocks)
         sim.submit(request)
         if request.cancel_after_s is not None:
-            deadline = env.timeout(request.cancel_after_s)
-            deadline.callbacks.append(lambda _e, r=request, s=sim: s.abort(r.request_id))
+            deadline = sim.env.timeout(request.cancel_after_s)
+            deadline.callbacks.append(functools.partial(_cancel, sim, request.request_id))
 
-    def _arrivals(self) -> Generator[simpy.Event, Any, None]:
-        env = self.env
+    def _route_all(self) -> None:
+        interval, last_tick = self.stats_interval_s, -1
         for request in self.requests:
-            delay = request.arrival_time_s - env.now
-            if delay > 0:
-                yield env.timeout(delay)
+            t = request.arrival_time_s
+            if self.until is not None and t >= self.until:
+                break
+            tick = math.floor(t / interval)  # the last publication at or before t
+            if tick > last_tick:
+                self._advance(tick * interval)
+                self._publish()
+                last_tick = tick
+            self._advance(t)
+            self.now = t
             self._route(request)
-        self._arrivals_done = True
         for sim in self.replicas:
             sim.close_arrivals()
 
     def run(self) -> FleetSimResult:
         """Replay the requests to the end (or ``until``)."""
-        env = self.env
         start = time.perf_counter()
         engines = [sim.start_engine() for sim in self.replicas]
-        env.process(self._publisher())
-        env.process(self._arrivals())
-        stop: simpy.Event = env.all_of(engines)
-        if self.until is not None:
-            stop = env.any_of([stop, env.timeout(self.until)])
         with fewer_gc_passes():
-            env.run(until=stop)
+            self._route_all()
+            for sim, engine in zip(self.replicas, engines):
+                if self.until is None:
+                    sim.env.run(until=engine)
+                elif self.until > sim.env.now:
+                    stop = sim.env.timeout(self.until - sim.env.now)
+                    sim.env.run(until=sim.env.any_of([engine, stop]))
+            end = max(sim.env.now for sim in self.replicas)
+            self._advance(end)  # every replica's run spans the fleet's
         wall = time.perf_counter() - start
         results = [sim.collect(wall) for sim in self.replicas]
 
-        def column(values: array, dtype: type) -> np.ndarray:
-            return np.frombuffer(values, dtype=dtype).copy()
+        def column(values: array[Any], dtype: type) -> np.ndarray:
+            out: np.ndarray = np.frombuffer(values, dtype=dtype).copy()
+            return out
 
         return FleetSimResult(
             replicas=results,
@@ -245,3 +236,8 @@ class FleetSimulation:
             route_prompt_blocks=column(self._route_blocks, np.int64),
             wall_time_s=wall,
         )
+
+
+def _cancel(sim: ReplicaSimulation | CompiledReplicaSimulation, request_id: str, _: Any) -> None:
+    """A request's cancellation deadline passed (``cancel_after_s``): abort it there."""
+    sim.abort(request_id)

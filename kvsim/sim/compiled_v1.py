@@ -158,6 +158,7 @@ class CompiledV1Simulation(Simulation):
             report_at = core.num_steps + report_every if report_every else sys.maxsize
             outcome = core.run(env._now, env.peek(), report_at, chunk_size, stop_on_finish)
             env._now = core.loop_now  # the steps that ended before the next simpy event
+            self._after_run()
             if outcome == PENDING:
                 yield env.timeout(core.pending_dt)
                 core.finish_pending(env._now)
@@ -172,6 +173,11 @@ class CompiledV1Simulation(Simulation):
             elif outcome == WAIT:
                 self._wake = env.event()
                 yield self._wake
+
+    def _after_run(self) -> None:
+        """The core has just handed control back (a pending step's events included): for
+        subclasses that must see the events before anything else happens (a fleet's
+        replica, kvsim/fleet/replicas.py)."""
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and self.core.num_steps >= self._next_progress:

@@ -43,3 +43,29 @@ def prefix_source_of(trace: Trace, block_size: int) -> Callable[[Request], Prefi
         )
 
     return prefix_of
+
+
+def key_source_of(
+    trace: Trace, *, caching: bool
+) -> Callable[[Request], tuple[list[int], int] | None]:
+    """``prefix_source_of``'s keys for the compiled core: a request's (hash_ids,
+    hash_block_size), or None for a prompt nobody shares (or no prefix caching)."""
+    trace_hash_block_size = trace.hash_block_size
+
+    def key_source(request: Request) -> tuple[list[int], int] | None:
+        if not caching:
+            return None
+        if not request.hash_ids and request.session_id is not None:
+            ids, hash_block_size = [session_stream_key(request.session_id)], SESSION_STREAM_TOKENS
+        elif not request.hash_ids:
+            return None
+        else:
+            if trace_hash_block_size is None:  # the same error as prefix_source_of's
+                prefix_from_hash_ids(request.hash_ids, None, request.prompt_tokens, 1)
+            assert trace_hash_block_size is not None
+            ids, hash_block_size = list(request.hash_ids), trace_hash_block_size
+        # A hash id covering the whole prompt gives the same keys at any larger size (only the
+        # first id is used, and every block's last token falls in it): the core takes int32.
+        return ids, min(hash_block_size, request.prompt_tokens)
+
+    return key_source

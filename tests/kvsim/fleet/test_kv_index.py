@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +14,7 @@ from kvsim.fleet.kv_index import KvEventIndex
 from kvsim.fleet.routers import ReplicaView, RoundRobin, RouteRequest
 from kvsim.fleet.run import _Replica, prompt_keys
 from kvsim.fleet.simulation import FleetSimulation
-from kvsim.sim.engine_config import prefix_source_of
+from kvsim.sim.engine_config import key_source_of, prefix_source_of
 from kvsim.sim.executor import LinearStepExecutor
 from workloads import Request, Trace
 
@@ -55,6 +54,7 @@ def fleet_of(
     router: Any = None,
     *,
     fast: bool = True,
+    compiled: bool = False,
 ) -> tuple[FleetSimulation, list[_Replica]]:
     config = RunConfig(
         trace="t",
@@ -64,17 +64,21 @@ def fleet_of(
         fast_decode=fast,
     )
     trace = Trace(name="t", hash_block_size=4, requests=requests)
-    env = simpy.Environment()
     prefix_of = prefix_source_of(trace, 4)
+    key_source = key_source_of(trace, caching=True)
+    executor = LinearStepExecutor(0.01, 0.001)
     replicas = [
-        _Replica(env, config, LIMITS, num_blocks, None, LinearStepExecutor(0.01, 0.001), prefix_of)
+        _Replica(
+            config, LIMITS, num_blocks, None, executor, prefix_of, key_source, compiled=compiled
+        )
         for _ in range(num_replicas)
     ]
+    assert all(r.compiled == compiled for r in replicas)
     holder: list[Any] = []
     if router is None:
         router = CheckingRouter(holder, replicas)
     fleet = FleetSimulation(
-        env, requests, [r.sim for r in replicas], router, prompt_keys(prefix_of, 4),
+        requests, [r.sim for r in replicas], router, prompt_keys(prefix_of, 4),
         block_size=4, event_delay_s=delay_s,
     )  # fmt: skip
     holder.append(fleet)
@@ -124,7 +128,7 @@ def test_index_equals_every_replica_cache_when_events_are_not_late(
     fleet, replicas = fleet_of(build_requests(spec), num_replicas, 0.0, num_blocks, fast=fast)
     fleet.run()
     assert fleet.router.checks == len(spec)  # type: ignore[attr-defined]
-    fleet.index.advance(fleet.env.now)
+    fleet.index.advance(float("inf"))
     for i, replica in enumerate(replicas):
         assert fleet.index.keys(i) == cache_keys(replica)
 
@@ -137,7 +141,7 @@ def test_index_follows_evictions_and_shared_blocks() -> None:
     fleet.run()
     assert all(r.sim.block_manager.num_evictions > 10 for r in replicas)
     assert fleet.router.checks == 25  # type: ignore[attr-defined]
-    fleet.index.advance(fleet.env.now)
+    fleet.index.advance(float("inf"))
     for i, replica in enumerate(replicas):
         assert fleet.index.keys(i) == cache_keys(replica)
 
@@ -222,19 +226,25 @@ def test_views_are_what_the_router_sees() -> None:
     ),
     num_blocks=st.integers(12, 80),
     router_name=st.sampled_from(["prefix", "kv-router", "cache-aware"]),
+    delay_s=st.sampled_from([0.0, 0.011, 0.05]),
 )
-def test_the_fast_scheduler_routes_as_the_readable_one(
-    spec: list[tuple[float, int, int, int]], num_blocks: int, router_name: str
+def test_every_replica_kind_routes_as_the_readable_scheduler(
+    spec: list[tuple[float, int, int, int]], num_blocks: int, router_name: str, delay_s: float
 ) -> None:
-    """Replicas run the placeholder-token v1 scheduler: its KV events must reach the router
-    when the readable scheduler's would, so every decision is the same."""
+    """Replicas run the placeholder-token v1 scheduler or the compiled core: their KV events
+    must reach the router when the readable scheduler's would, so every decision and every
+    step is the same."""
     from kvsim.fleet.routers import make_router
 
+    kinds = [(False, False), (True, False)]
+    if router_name != "kv-router":  # it follows prefills: Python replicas only
+        kinds.append((True, True))
     outcomes = []
-    for fast in (False, True):
+    for fast, compiled in kinds:
         fleet, _ = fleet_of(
-            build_requests(spec), 3, 0.0, num_blocks, make_router(router_name, 3, 1), fast=fast
-        )
+            build_requests(spec), 3, delay_s, num_blocks, make_router(router_name, 3, 1),
+            fast=fast, compiled=compiled,
+        )  # fmt: skip
         result = fleet.run()
         outcomes.append(
             (
@@ -243,7 +253,7 @@ def test_the_fast_scheduler_routes_as_the_readable_one(
                 [r.step_duration_s.tolist() for r in result.replicas],
             )
         )
-    assert outcomes[0] == outcomes[1]
+    assert all(outcome == outcomes[0] for outcome in outcomes[1:])
 
 
 @settings(max_examples=80, deadline=None)
