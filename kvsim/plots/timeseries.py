@@ -50,7 +50,8 @@ def plot_free_blocks(
         edges = _free_blocks_envelope(ax, w, t_from, t_to)
     else:
         s = thin(w)
-        ax.step(s["time_s"], s["free_blocks"], where="post", color=COLORS["filled"], lw=1)
+        ax.step(s["time_s"], s["free_blocks"], where="post", color=COLORS["filled"], lw=1,
+                label="free blocks")  # fmt: skip
         if "cached_blocks" in s:
             ax.fill_between(
                 s["time_s"], s["free_blocks"] - s["cached_blocks"], s["free_blocks"],

@@ -116,7 +116,7 @@ def test_occupancy_window_sets_the_time_axis(preempting_run: RunResult) -> None:
 def test_free_blocks_marks_preemptions_and_rejections(preempting_run: RunResult) -> None:
     fig = plot_free_blocks(preempting_run.steps, preempting_run.events, num_blocks=4)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["pool (4)", "preempt (1)", "reject (1)"]
+    assert labels == ["free blocks", "pool (4)", "preempt (1)", "reject (1)"]  # all drawn
 
 
 def test_free_blocks_window(preempting_run: RunResult) -> None:
