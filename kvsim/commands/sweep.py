@@ -147,7 +147,8 @@ def sweep_command(
             base = RunConfig.load(config_file).replace(**given)
         else:
             base = RunConfig(**{"trace": DEFAULT_TRACE_NAME, **given})
-        axes = [(n, parse_values(n, v)) for n, v in axis_values.items() if v]
+        # an empty --block-size '' is refused (parse_values), not taken for "not given"
+        axes = [(n, parse_values(n, v)) for n, v in axis_values.items() if v is not None]
         if kv_slots is not None:
             axes.append((KV_SLOTS, parse_values(KV_SLOTS, kv_slots)))
         axes += [parse_param(p) for p in param or []]

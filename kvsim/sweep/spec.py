@@ -185,6 +185,10 @@ def parse_kv_slots(text: str) -> int:
     return int(value)
 
 
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def parse_value(name: str, text: str) -> Any:
     """``text`` as a value of RunConfig field ``name`` (``none`` for an optional field), or
     of the ``kv_slots`` axis (tokens)."""
@@ -203,17 +207,22 @@ def parse_value(name: str, text: str) -> Any:
     if optional and text.lower() in ("none", "null"):
         return None
     try:
+        # as RunConfig's JSON has them: true/false, not yes/1; no 1_000, nan or infinity
         if kind is bool:
-            lowered = text.lower()
-            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            if text.lower() not in ("true", "false"):
                 raise ValueError(text)
-            return lowered in ("true", "1", "yes")
+            return text.lower() == "true"
         if kind is int:
+            if not _INTEGER.fullmatch(text):
+                raise ValueError(text)
             return int(text)
         if kind is float:
+            if not _DECIMAL.fullmatch(text):
+                raise ValueError(text)
             return float(text)
     except ValueError:
-        raise SweepError(f"{name}: {text!r} is not a {kind.__name__}") from None
+        wanted = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+        raise SweepError(f"{name}: {text!r} is not {wanted}") from None
     return text
 
 

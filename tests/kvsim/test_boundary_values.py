@@ -98,3 +98,9 @@ def test_coefficient_terms_that_overflow_a_step_are_one_line(
                    "--out", tmp_path / "r")  # fmt: skip
     one_error_line(result, co.name, fragment)
     assert not (tmp_path / "r").exists()
+
+
+def test_an_empty_sweep_axis_is_refused(tmp_path: Path) -> None:
+    one_error_line(kvsim("sweep", "--block-size", "", "--until", "1", "--out", tmp_path / "s"),
+                   "block_size", "empty value")  # fmt: skip
+    assert os.listdir(tmp_path) == []

@@ -54,8 +54,14 @@ def test_values_are_parsed_by_the_run_option_types() -> None:
     assert parse_param("fast_decode=true,false") == ("fast_decode", (True, False))
     with pytest.raises(SweepError, match="unknown run option 'max_seqs'"):
         parse_param("max_seqs=1,2")
-    with pytest.raises(SweepError, match="'x' is not a int"):
+    with pytest.raises(SweepError, match="'x' is not an integer"):
         parse_values("block_size", "16,x")
+    for bad in ("yes", "1", "maybe"):  # RunConfig's JSON booleans only (issue 31)
+        with pytest.raises(SweepError, match=f"{bad!r} is not true or false"):
+            parse_param(f"fast_decode=true,{bad}")
+    for bad in ("1_000", " ", "nan"):
+        with pytest.raises(SweepError, match=r"is not a number|empty value"):
+            parse_values("rate", f"1,{bad}")
     with pytest.raises(SweepError, match="name=v1,v2"):
         parse_param("block_size")
     with pytest.raises(SweepError, match="empty value"):
