@@ -41,17 +41,22 @@ def coefficient_of_variation(values: np.ndarray) -> float:
 
 
 def _combined(key: str, values: list[Any]) -> Any:
-    first = values[0]
+    """One replica-level figure fleet-wide (see the module docstring). A replica that saw no
+    request has None for its rates and means: it is left out of them."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    first = known[0]
     if key in _SUMMED:
         if isinstance(first, dict):
-            return {k: sum(v[k] for v in values) for k in first}
-        return sum(values)
+            return {k: sum(v[k] for v in known) for k in first}
+        return sum(known)
     if key in _MAXED:
-        return max(values)
-    if isinstance(first, (bool, str)) or first is None:
+        return max(known)
+    if isinstance(first, (bool, str)) or len(known) < len(values) and isinstance(first, dict):
         return first if all(v == first for v in values) else None
     if isinstance(first, (int, float)):
-        return first if all(v == first for v in values) else float(np.mean(values))
+        return first if all(v == first for v in known) else float(np.mean(known))
     return first
 
 

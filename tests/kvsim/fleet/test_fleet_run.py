@@ -157,3 +157,19 @@ def test_a_fleet_draws_its_own_pictures(fleet_folder: Path, tmp_path: Path) -> N
     ]
     report = (out / "report.html").read_text()
     assert report.count("<img") == 3 and 'alt="fleet-hit-rate"' in report
+
+
+def test_replicas_that_see_no_request_leave_the_fleet_figures_alone(tmp_path: Path) -> None:
+    """16 replicas, one request: 15 replicas have no rates or latencies of their own."""
+    out = tmp_path / "idle"
+    result = kvsim("run", "--replicas", "16", "--until", "0.5", "--no-plots", "--out", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_requests"] == 1 == sum(summary["fleet"]["requests_per_replica"])
+    assert summary["fleet"]["requests_per_replica"].count(0) == 15
+    busy = [r for r in summary["replicas"] if r["num_requests"]]
+    assert summary["ttft_s"] == busy[0]["ttft_s"]  # from the requests there are
+    # a mean over replicas: an idle pool is 0% used (docs/fleet.md)
+    usage = [r["kv_usage_mean"] for r in summary["replicas"]]
+    assert summary["kv_usage_mean"] == pytest.approx(sum(usage) / 16)
+    assert summary["prefix_cache_hit_rate"] == busy[0]["prefix_cache_hit_rate"]
