@@ -45,6 +45,35 @@ def _dtype_bytes(config: dict[str, object], source: str) -> int:
     return 2
 
 
+# Encoder-only and encoder-decoder families: no KV cache of vLLM's decoder kind to simulate.
+_NOT_DECODERS = frozenset({"bert", "roberta", "distilbert", "albert", "electra", "deberta",
+                           "deberta-v2", "t5", "mt5", "bart", "mbart", "whisper", "marian",
+                           "pegasus"})  # fmt: skip
+
+
+def _check_rope_scaling(value: object, source: str) -> None:
+    """``rope_scaling`` as transformers and vLLM read it: absent/null, or an object naming its
+    ``rope_type`` (or legacy ``type``) with a positive finite ``factor`` where it has one."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise CostModelError(
+            f"{source}: key 'rope_scaling' must be an object or null, got {shown(value)}"
+        )
+    kind = value.get("rope_type", value.get("type"))
+    if not isinstance(kind, str) or not kind:
+        raise CostModelError(
+            f"{source}: key 'rope_scaling' must name its 'rope_type', got {shown(value)}"
+        )
+    factor = value.get("factor")
+    if factor is not None and not (
+        isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < 1e6
+    ):
+        raise CostModelError(
+            f"{source}: key 'rope_scaling.factor' must be a positive number, got {shown(factor)}"
+        )
+
+
 def model_spec_from_hf_config(
     path: str | Path, *, name: str | None = None, num_params: int | None = None
 ) -> ModelSpec:
@@ -60,7 +89,13 @@ def model_spec_from_hf_config(
     config = read_json_object(path)
 
     model_type = config.get("model_type", "llama")
+    if not isinstance(model_type, str) or model_type in _NOT_DECODERS:
+        raise CostModelError(
+            f"{source}: key 'model_type' must name a decoder-only model (llama, mistral, qwen2, "
+            f"opt, ...), got {shown(model_type)}"
+        )
     is_opt = model_type == "opt"
+    _check_rope_scaling(config.get("rope_scaling"), source)
     num_layers = _required_int(config, ("num_hidden_layers",), source)
     hidden_size = _required_int(config, ("hidden_size",), source)
     num_heads = _required_int(config, ("num_attention_heads",), source)

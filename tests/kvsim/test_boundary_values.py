@@ -104,3 +104,49 @@ def test_an_empty_sweep_axis_is_refused(tmp_path: Path) -> None:
     one_error_line(kvsim("sweep", "--block-size", "", "--until", "1", "--out", tmp_path / "s"),
                    "block_size", "empty value")  # fmt: skip
     assert os.listdir(tmp_path) == []
+
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+         "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
+         "max_position_embeddings": 2048}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"model_type": "bert"}, "'model_type' must name a decoder-only model"),
+        ({"model_type": 7}, "'model_type'"),
+        ({"rope_scaling": "linear"}, "'rope_scaling' must be an object"),
+        ({"rope_scaling": {"factor": 2.0}}, "must name its 'rope_type'"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": -2}}, "'rope_scaling.factor'"),
+        ({"rope_scaling": {"type": "dynamic", "factor": True}}, "'rope_scaling.factor'"),
+    ],
+)
+def test_a_hugging_face_config_vllm_would_not_serve_is_one_line(
+    extra: dict[str, object], fragment: str, tmp_path: Path
+) -> None:
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA, **extra}))
+    one_error_line(kvsim("run", *QUICK, "--model", config, "--out", tmp_path / "r"),
+                   "config.json", fragment)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}},
+     {"rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+     {"rope_scaling": None}, {"model_type": "qwen2"},
+     {"head_dim": 128}],  # Gemma-like: head_dim x heads need not be hidden_size (vLLM too)
+)  # fmt: skip
+def test_hugging_face_configs_vllm_serves_are_accepted(
+    extra: dict[str, object], tmp_path: Path
+) -> None:
+    import json
+
+    from kvsim.costmodel.hf_config import model_spec_from_hf_config
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA, **extra}))
+    assert model_spec_from_hf_config(config).num_layers == 2
