@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,10 +194,35 @@ class OutputLock:
 def output_lock(final: Path) -> Iterator[OutputLock]:
     """Hold the lock of ``final`` (a file beside it holding the owner record, removed on
     release); raise ``OutputBusyError`` at once if another process holds it. A lock left by a
-    dead writer is taken over, and the temporaries its record lists are removed first."""
+    dead writer is taken over, and the temporaries its record lists are removed first; a file
+    of that name without a valid record is someone else's, never truncated or removed."""
     path = lock_path(final)
+    fd = _take(path, final)
+    try:
+        previous = _read_record(fd)
+        if previous is not None and previous.is_dead_here():
+            _remove_temporaries(path.parent, previous)
+        lock = OutputLock(fd, OwnerRecord.mine())
+        lock._write()
+        yield lock
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL
+
+
+def _take(path: Path, final: Path) -> int:
+    """An open, flocked descriptor of the lock file ``path``: made new, or one whose record
+    says kvsim made it."""
+    strangers = 0
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fd, made = os.open(path, _NEW | os.O_NOFOLLOW, 0o644), True
+        except FileExistsError:
+            fd, made = os.open(path, os.O_RDWR | os.O_NOFOLLOW), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -211,17 +237,17 @@ def output_lock(final: Path) -> Iterator[OutputLock]:
             same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
-        if same:  # not a file another process unlinked while we waited for it
-            break
+        if not same:  # a file another process unlinked while we waited for it
+            os.close(fd)
+            continue
+        if made or _read_record(fd) is not None:
+            return fd
         os.close(fd)
-    try:
-        previous = _read_record(fd)
-        if previous is not None and previous.is_dead_here():
-            _remove_temporaries(path.parent, previous)
-        lock = OutputLock(fd, OwnerRecord.mine())
-        lock._write()
-        yield lock
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)
+        # Not ours: or a writer that made it an instant ago and has yet to lock and record.
+        strangers += 1
+        if strangers > 3:
+            raise OutputError(
+                f"{path}: exists and is not a kvsim lock (no owner record kvsim wrote); kvsim "
+                f"will not replace it: remove it if it is not yours, or choose another name"
+            )
+        time.sleep(0.05)

@@ -259,3 +259,13 @@ def test_a_window_after_the_run_is_refused(command: str, earlier_run: Path, tmp_
     one_error_line(kvsim(command, earlier_run, "--from", "100", "--to", "200", *out[command]),
                    "--from 100", "end of the run")  # fmt: skip
     assert sorted(os.listdir(tmp_path)) == ["prev"]
+
+
+def test_a_users_file_named_like_the_outputs_lock_is_never_taken(tmp_path: Path) -> None:
+    lock = tmp_path / ".r.kvsim-lock"
+    for content in (b"my notes", b"", b'{"kvsim_owner": 1}'):
+        lock.write_bytes(content)
+        one_error_line(kvsim("run", *QUICK, "--out", tmp_path / "r"), str(lock),
+                       "not a kvsim lock")  # fmt: skip
+        assert lock.read_bytes() == content
+        assert sorted(os.listdir(tmp_path)) == [".r.kvsim-lock"]
