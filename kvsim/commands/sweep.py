@@ -163,7 +163,7 @@ def sweep_command(
         if metric not in ("latency", "capacity"):
             raise SweepError(f"--metric must be latency or capacity, got {metric!r}")
         if dry_run:
-            _print_points(spec)
+            _print_points(spec, metric)
             return
         if metric == "capacity":
             from kvsim.commands.capacity import run_capacity
@@ -189,7 +189,7 @@ def sweep_command(
         raise typer.Exit(1)  # the sweep folder is written; some points (or the report) failed
 
 
-def _print_points(spec: Any) -> None:
+def _print_points(spec: Any, metric: str = "latency") -> None:
     from rich.table import Table
 
     from kvsim.sweep.spec import command_line
@@ -201,7 +201,8 @@ def _print_points(spec: Any) -> None:
         blocks = "planned" if p.config.num_blocks is None else f"{p.config.num_blocks:,}"
         table.add_row(str(p.index), plain(p.label), str(p.config.block_size), blocks)
     console.print(table)
-    say("reproduce: ", shlex.join(command_line(spec)))
+    extra = ["--metric", "capacity"] if metric == "capacity" else []
+    say("reproduce: ", shlex.join([*command_line(spec), *extra]))
 
 
 def _print_result(result: Any) -> None:
