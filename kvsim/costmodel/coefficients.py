@@ -245,10 +245,11 @@ def _dataclass_from(cls: type, value: object, where: str) -> Any:
         raw, key = data[f.name], f"{where}.{f.name}"
         kind = f.metadata.get("kind")
         if kind in ("time", "nonnegative"):
-            values[f.name] = nonnegative_float(raw, "value", key)
+            term = nonnegative_float(raw, "value", key)
             bound, unit = (MAX_TIME_TERM_S, " s") if kind == "time" else (MAX_TERM_TOKENS, "")
-            if values[f.name] > bound:  # larger ones overflow the step prices
+            if term > bound:  # larger ones overflow the step prices
                 raise CostModelError(f"{key}: must be at most {bound:g}{unit}, got {raw!r}")
+            values[f.name] = term
         elif kind == "efficiency":
             number = positive_float(raw, "value", key)
             if number > MAX_EFFICIENCY:
@@ -263,11 +264,12 @@ def _dataclass_from(cls: type, value: object, where: str) -> Any:
         elif kind == "count":
             values[f.name] = positive_int(raw, "value", key)
         elif kind == "positive":
-            values[f.name] = positive_float(raw, "value", key)
-            if not MIN_EFFICIENCY <= values[f.name] <= MAX_TERM_TOKENS:
+            share = positive_float(raw, "value", key)
+            if not MIN_EFFICIENCY <= share <= MAX_TERM_TOKENS:
                 raise CostModelError(
                     f"{key}: must be in [{MIN_EFFICIENCY:g}, {MAX_TERM_TOKENS:g}], got {raw!r}"
                 )
+            values[f.name] = share
         elif f.name == "profiles":
             if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
                 raise CostModelError(f"{key} must be a list of file names, got {raw!r}")
