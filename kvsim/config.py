@@ -233,7 +233,8 @@ class RunConfig:
         1,
         help="Fleet: this many replicas of the engine, each with its own KV pool, behind --router",
         unit="N",
-        sweep="param",
+        sweep="axis",
+        sweep_help="Fleet sizes to sweep, e.g. 1,2,4,8 (comma-separated)",
         check=at_least(1, maximum=MAX_REPLICAS),
     )
     router: str = option(
@@ -242,7 +243,8 @@ class RunConfig:
         + ", ".join(ROUTER_NAMES)
         + " (docs/fleet.md gives each formula and its source)",
         unit="NAME",
-        sweep="param",
+        sweep="axis",
+        sweep_help="Routers to sweep, e.g. round-robin,prefix,kv-router (comma-separated)",
         check=one_of(*ROUTER_NAMES),
     )
     router_event_delay_s: float = option(

@@ -64,6 +64,8 @@ INT_COLUMNS = (
     "num_rejected", "num_aborted", "num_unfinished", "num_preemptions", "num_steps",
     "max_batch_size", *PREFIX_COLUMNS[:2], *PREFIX_COLUMNS[3:],
 )  # fmt: skip
+# A fleet's load imbalance: coefficients of variation across replicas (empty for one replica).
+FLEET_COLUMNS = ("requests_cv", "busy_time_cv")
 # Columns that measure the simulator, not the simulated system: they differ between runs.
 WALL_COLUMNS = ("sim_wall_s", "point_wall_s")
 
@@ -100,6 +102,9 @@ def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict
     cached = s.get(CACHED_FIELD) if v1 else None
     row[CACHED_FIELD] = math.nan if cached is None else cached
     row.update(block_costs(result))
+    fleet = s.get("fleet") or {}  # a fleet's load imbalance across replicas (docs/fleet.md)
+    for name in FLEET_COLUMNS:
+        row[name] = fleet.get(name, math.nan)
     for name in DISTRIBUTIONS:
         for stat, value in s[name].items():
             row[f"{name}_{stat}"] = math.nan if value is None else value
@@ -125,7 +130,9 @@ def block_costs(result: RunResult) -> dict[str, float]:
     else:
         per_entry = cost_model.breakdown(BatchShape.of(num_blocks_walked=1))["block_walk"]
         if config.allocator == "paged":
-            entries = s["num_blocks"] - steps["free_blocks"].to_numpy(dtype=np.int64)
+            # a fleet's steps are each replica's: its own pool (summary num_blocks is the sum)
+            pool = s["replicas"][0]["num_blocks"] if "replicas" in s else s["num_blocks"]
+            entries = pool - steps["free_blocks"].to_numpy(dtype=np.int64)
         else:
             entries = steps["num_seqs"].to_numpy(dtype=np.int64)
         walk = float(per_entry * entries.sum())
@@ -181,6 +188,8 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
         *PREFIX_COLUMNS,
         CACHED_FIELD,
         *BLOCK_COST_COLUMNS,
+        # only where some point is a fleet: a one-replica sweep's table stays as it was
+        *(FLEET_COLUMNS if any(_is_number(r.get(FLEET_COLUMNS[0])) for r in rows) else ()),
         *_stat_columns(),
         "normalized_latency_s_per_token",
     ]
@@ -192,6 +201,10 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
             frame[column] = frame[column].astype("Int64")
     frame.insert(4, "slo_met", slo_met(frame, spec))
     return frame
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not math.isnan(value)
 
 
 def _integral(column: pd.Series) -> bool:
