@@ -42,6 +42,7 @@ from kvsim.option_spec import (
     not_empty,
     one_of,
     option,
+    parse_router_weights,
     shown,
 )
 
@@ -246,6 +247,14 @@ class RunConfig:
         sweep="axis",
         sweep_help="Routers to sweep, e.g. round-robin,prefix,kv-router (comma-separated)",
         check=one_of(*ROUTER_NAMES),
+    )
+    router_weights: str = option(
+        "2:1:1",
+        help="Fleet, --router prefix: the weights of llm-d's prefix-cache, queue and "
+        "KV-utilisation scorers",
+        unit="PREFIX:QUEUE:KV",
+        sweep="param",
+        check=lambda name, value: parse_router_weights(value) and None,
     )
     router_event_delay_s: float = option(
         0.05,

@@ -182,3 +182,19 @@ def parse_step_time(spec: str) -> tuple[float, float]:
             f"step_time {shown(spec)}: BASE_S and PER_TOKEN_S must be finite, >= 0 and not both 0"
         )
     return base, per_token
+
+
+def parse_router_weights(spec: str) -> tuple[float, float, float]:
+    """``PREFIX:QUEUE:KV``, the `prefix` router's scorer weights, as three numbers >= 0, not
+    all 0."""
+    parts = spec.split(":")
+    if len(parts) != 3 or not all(_DECIMAL.fullmatch(part) for part in parts):
+        raise ConfigError(
+            f"router_weights must be PREFIX:QUEUE:KV (three numbers), got {shown(spec)}"
+        )
+    weights = (float(parts[0]), float(parts[1]), float(parts[2]))
+    if not all(0 <= w < math.inf for w in weights) or sum(weights) == 0:
+        raise ConfigError(
+            f"router_weights {shown(spec)}: each weight must be finite and >= 0, not all 0"
+        )
+    return weights

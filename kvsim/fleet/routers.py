@@ -254,11 +254,21 @@ ROUTERS: dict[str, type[Router]] = {
 }
 
 
-def make_router(name: str, num_replicas: int, seed: int) -> Router:
-    """The router called ``name`` (``ROUTERS``) for ``num_replicas`` replicas."""
+def make_router(
+    name: str,
+    num_replicas: int,
+    seed: int,
+    *,
+    prefix_weights: tuple[float, float, float] = (2.0, 1.0, 1.0),
+) -> Router:
+    """The router called ``name`` (``ROUTERS``) for ``num_replicas`` replicas;
+    ``prefix_weights`` are the `prefix` router's scorer weights."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}: choose one of {', '.join(ROUTERS)}")
-    return ROUTERS[name](num_replicas, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    if name == PrefixScorer.name:
+        return PrefixScorer(num_replicas, rng, weights=prefix_weights)
+    return ROUTERS[name](num_replicas, rng)
 
 
 def num_full_blocks(prompt_tokens: int, block_size: int) -> int:

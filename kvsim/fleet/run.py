@@ -29,6 +29,7 @@ from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
 from kvsim.fleet.routers import make_router
 from kvsim.fleet.simulation import FleetSimulation
 from kvsim.fleet.summary import fleet_summary
+from kvsim.option_spec import parse_router_weights
 from kvsim.sim.allocators import build_allocator
 from kvsim.sim.compiled_v1 import KeySource, compiled_v1_applies
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
@@ -128,7 +129,12 @@ def simulate_fleet(
     summary.json, requests, steps and routing tables."""
     prefix_of = prefix_source_of(trace, config.block_size) if config.caches_prefixes() else None
     key_source = key_source_of(trace, caching=config.caches_prefixes())
-    router = make_router(config.router, config.replicas, config.seed)
+    router = make_router(
+        config.router,
+        config.replicas,
+        config.seed,
+        prefix_weights=parse_router_weights(config.router_weights),
+    )
     replicas = [
         _Replica(
             config,
@@ -171,6 +177,7 @@ def simulate_fleet(
         {
             "num_replicas": config.replicas,
             "router": config.router,
+            "router_weights": config.router_weights if config.router == "prefix" else None,
             "router_event_delay_s": config.router_event_delay_s,
             "router_oracle": config.router_oracle,
         },

@@ -132,6 +132,9 @@ def test_a_fleet_run_repeats_exactly(fleet_folder: Path, tmp_path: Path) -> None
         (["--replicas", "2", "--scheduler", "classic"], "fleet"),
         (["--replicas", "2", "--concurrency", "4"], "fleet"),
         (["--replicas", "2", "--router-event-delay", "-1"], "router_event_delay"),
+        (["--replicas", "2", "--router-weights", "2:1"], "PREFIX:QUEUE:KV"),
+        (["--replicas", "2", "--router-weights", "0:0:0"], "not all 0"),
+        (["--replicas", "2", "--router-weights", "1:inf:1"], "router_weights"),
     ],
 )
 def test_bad_fleet_options_exit_2_with_one_line(

@@ -177,3 +177,15 @@ def test_cache_aware_match_below_threshold_goes_to_the_emptiest_cache() -> None:
 
 def test_cache_aware_with_all_zero_state_takes_replica_zero() -> None:
     assert CacheAware(4, rng()).choose(REQUEST, [view()] * 4) == 0
+
+
+def test_the_prefix_router_takes_its_weights_from_the_run() -> None:
+    router = make_router("prefix", 3, 0, prefix_weights=(1.0, 3.0, 1.0))
+    assert isinstance(router, PrefixScorer) and router.weights == (1.0, 3.0, 1.0)
+    views = [
+        view(prefix_blocks=8, waiting=4, kv_usage=0.5),
+        view(prefix_blocks=0, waiting=0, kv_usage=0.0),
+        view(prefix_blocks=4, waiting=2, kv_usage=0.25),
+    ]
+    assert router.choose(REQUEST, views) == 1
+    assert make_router("prefix", 3, 0).choose(REQUEST, views) == 0  # 2:1:1
