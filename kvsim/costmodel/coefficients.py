@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,6 +284,21 @@ def _dataclass_from(cls: type, value: object, where: str) -> Any:
     return cls(**values)
 
 
+# An all-reduce system as network profiles name it (a100_dgx: the file
+# network/a100_dgx__all_reduce.csv), or "none" where no fit exists.
+_SYSTEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+def _system(value: object, source: str) -> str:
+    system = nonempty_str(value, "allreduce.system", source)
+    if not _SYSTEM.fullmatch(system):
+        raise CostModelError(
+            f"{source}: allreduce.system must name a network profile's system (letters, "
+            f"digits, _ . + -, e.g. a100_dgx), got {system[:80]!r}"
+        )
+    return system
+
+
 def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> StepCoefficients:
     """Validate a parsed coefficient file; every error names ``source`` and the key path."""
     if "format" not in data:
@@ -343,7 +359,7 @@ def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> Step
             attention["profiled_block_size"], "attention.profiled_block_size", source
         ),
         allreduce=AllReduceCoefficients(
-            system=nonempty_str(allreduce["system"], "allreduce.system", source),
+            system=_system(allreduce["system"], source),
             by_num_workers=by_workers,
         ),
         overheads=_dataclass_from(Overheads, data["overheads"], f"{source}: overheads"),

@@ -67,7 +67,7 @@ def test_step_time_takes_plain_decimal_numbers(spec: str, tmp_path: Path) -> Non
     assert RunConfig(trace="azure_llm_2023_conv", step_time="linear:0.005:2e-5")
 
 
-def _coefficients_with(tmp_path: Path, path: tuple[str, ...], value: float) -> Path:
+def _coefficients_with(tmp_path: Path, path: tuple[str, ...], value: object) -> Path:
     import json
 
     root = Path(__file__).resolve().parents[2] / "kvsim" / "costmodel" / "gpu_coefficients"
@@ -76,7 +76,7 @@ def _coefficients_with(tmp_path: Path, path: tuple[str, ...], value: float) -> P
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    out = tmp_path / f"{'.'.join(path)}.json"
+    out = tmp_path / f"{'.'.join(path)}-{len(str(value))}.json"
     out.write_text(json.dumps(data))
     return out
 
@@ -88,10 +88,12 @@ def _coefficients_with(tmp_path: Path, path: tuple[str, ...], value: float) -> P
         (("attention", "decode", "latency_s"), 1e308, "attention.decode.latency_s"),
         (("attention", "decode", "bw_efficiency"), 1e-308, "at least 1e-06"),
         (("linear", "gemm", "m_half_tokens"), 1e308, "linear.gemm.m_half_tokens"),
+        (("allreduce", "system"), "a100 dgx", "allreduce.system must name"),
+        (("allreduce", "system"), "../x", "allreduce.system must name"),
     ],
 )
 def test_coefficient_terms_that_overflow_a_step_are_one_line(
-    path: tuple[str, ...], value: float, fragment: str, tmp_path: Path
+    path: tuple[str, ...], value: object, fragment: str, tmp_path: Path
 ) -> None:
     co = _coefficients_with(tmp_path, path, value)
     result = kvsim("run", "azure_llm_2023_conv_first_2min", "--no-plots", "--coefficients", co,
