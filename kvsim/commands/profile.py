@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kvsim.commands.console import Command, console, fail, say
 from kvsim.commands.options import with_run_options
-from kvsim.commands.run import user_errors
+from kvsim.commands.run import os_error_message, user_errors
 from kvsim.config import DEFAULT_THREADS, RunConfig
 from workloads import DEFAULT_TRACE_NAME
 
@@ -93,8 +93,10 @@ def profile_command(
                 out_dir, model, threads=threads, repeats=repeats, dtype=dtype, grid=grid,
                 timer=timer.value, force=force,
             )  # fmt: skip
-        except user_errors(ValueError, OSError) as exc:
+        except user_errors(ValueError) as exc:
             fail(f"profile {model!r}: {exc}")
+        except OSError as exc:
+            fail(os_error_message(exc))
     noise = record["noise"]
     table = Table(title=f"kvsim profile ({record['seconds']} s)", header_style="bold")
     table.add_column("noise")
@@ -163,8 +165,10 @@ def validate_run_command(
         with console.status("engine mode, then cost mode"):
             comparison = compare_runs(config, gpu, coefficients, timer.value)
         write_comparison(comparison, out_dir, force=force)
-    except user_errors(ValueError, OSError) as exc:
+    except user_errors(ValueError) as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(os_error_message(exc))
     _print_comparison(comparison.summary)
     say(f"wrote {out_dir}")
 

@@ -35,7 +35,8 @@ CONTENT = st.sampled_from([
     b'{"kvsim_owner": 1, "pid": 1, "host": "h", "temporaries": []}', b"my precious bytes",
 ])  # fmt: skip
 TREE = st.dictionaries(st.lists(PART, min_size=1, max_size=4).map(tuple), CONTENT, max_size=8)
-WRITERS = ["run", "gen", "import", "plot", "report", "export-trace", "cache-curve"]
+WRITERS = ["run", "gen", "import", "plot", "report", "export-trace", "cache-curve", "sweep",
+           "animate", "export-kv-events"]  # fmt: skip
 FAST_WRITERS = ["run", "gen", "import", "plot", "export-trace"]  # a second or less each
 TARGETS = ["out", "out/sub", "out/config.json", "notes.txt", "out/notes.txt", "src.csv"]
 
@@ -100,6 +101,9 @@ def _command(writer: str, run_dir: Path, root: Path, target: Path) -> list[str |
         "report": ["report", run_dir, "-o", target],
         "export-trace": ["export-trace", run_dir, "-o", target],
         "cache-curve": ["cache-curve", HASHED, "--capacity-tokens", "1e5", "--out", target],
+        "sweep": ["sweep", "--until", "1", "--block-size", "16", "--out", target],
+        "animate": ["animate", run_dir, "--frames", "2", "-o", target],
+        "export-kv-events": ["export-kv-events", run_dir, "-o", jsonl],
     }
     return commands[writer]
 
