@@ -58,11 +58,11 @@ def _is_input(final: Path, inputs: Sequence[Path]) -> Path | None:
 
 
 @contextlib.contextmanager
-def _naming(final: Path) -> Iterator[None]:
+def _naming(final: Path, staging: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise named(exc, final) from None
+        raise named(exc, final, staging) from None
 
 
 def check_output_file(
@@ -162,7 +162,7 @@ def output_file(
         except OSError as exc:
             raise OutputError(f"{final}: cannot write: {_os_problem(exc)}") from None
         try:
-            with _naming(final):
+            with _naming(final, staging):
                 yield staging / final.name
             written = staging / final.name
             if os.path.islink(written) or not written.is_file():

@@ -132,10 +132,15 @@ def _os_problem(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def named(exc: OSError, final: Path) -> OSError:
-    """``exc``, or where it names no file (a write on a full disk), the same error naming the
-    output ``final``."""
-    if exc.filename is not None or exc.errno is None:
+def named(exc: OSError, final: Path, tmp: Path | None = None) -> OSError:
+    """``exc`` naming the output ``final`` where it names no file (a write on a full disk) or
+    a file in its temporary ``tmp``: the user knows the output, not kvsim's temporary."""
+    if exc.errno is None:
+        return exc
+    where = exc.filename
+    if where is not None and tmp is not None and str(where).startswith(str(tmp)):
+        where = None
+    if where is not None:
         return exc
     return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(final))
 
@@ -286,7 +291,7 @@ def atomic_dir(
             try:
                 yield tmp
             except OSError as exc:
-                raise named(exc, final) from None
+                raise named(exc, final, tmp) from None
             Manifest.of_tree(tmp, kind).write(tmp)  # last: it lists every file written
             may_write(final)  # nothing else came in meanwhile
             with deferred_signals():

@@ -260,6 +260,8 @@ def animate_command(
     """Animate the block pool over a time window."""
     from kvsim.plots.animation import animate_occupancy
 
+    if out.suffix not in (".gif", ".mp4"):  # checked here, before the file is a temporary
+        fail(f"{out}: write a .gif or an .mp4, not {out.suffix or 'no suffix'!r}")
     _check_out(out, force, run_dir)
     run = _read(run_dir, t_from, t_to)
     _needs_events(run, "kvsim animate")

@@ -102,7 +102,7 @@ def _command(writer: str, run_dir: Path, root: Path, target: Path) -> list[str |
         "export-trace": ["export-trace", run_dir, "-o", target],
         "cache-curve": ["cache-curve", HASHED, "--capacity-tokens", "1e5", "--out", target],
         "sweep": ["sweep", "--until", "1", "--block-size", "16", "--out", target],
-        "animate": ["animate", run_dir, "--frames", "2", "-o", target],
+        "animate": ["animate", run_dir, "--frames", "2", "-o", target.with_suffix(".gif")],
         "export-kv-events": ["export-kv-events", run_dir, "-o", jsonl],
     }
     return commands[writer]

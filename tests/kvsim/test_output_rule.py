@@ -269,3 +269,8 @@ def test_a_users_file_named_like_the_outputs_lock_is_never_taken(tmp_path: Path)
                        "not a kvsim lock")  # fmt: skip
         assert lock.read_bytes() == content
         assert sorted(os.listdir(tmp_path)) == [".r.kvsim-lock"]
+
+
+def test_errors_name_the_output_never_kvsims_temporary(earlier_run: Path, tmp_path: Path) -> None:
+    line = one_error_line(kvsim("animate", earlier_run, "-o", tmp_path / "a.txt"), "a.txt")
+    assert ".kvsim-tmp-" not in line
