@@ -155,7 +155,7 @@ def test_a_named_output_file_is_replaced_only_with_force(
     assert out.read_bytes() == first
     # the run folder's own tables are its input, never an output
     for table in ("config.json", "events.parquet"):
-        line = "is this command's input"
+        line = "write a .gif" if command == "animate" else "is this command's input"
         assert_one_error_line(kvsim(command, run_dir, "-o", run_dir / table, *extra), line)
 
 
