@@ -28,7 +28,7 @@ import numpy as np
 
 from engine import EventKind
 from engine.core.events import Columns
-from kvsim.analysis.residency import ResidencyCollector, stable_order
+from kvsim.analysis.residency import RESERVOIR_SIZE, ResidencyCollector, stable_order
 
 _POP_KINDS = (EventKind.ALLOCATE, EventKind.APPEND_BLOCK)
 _BLOCK_KINDS = (*_POP_KINDS, EventKind.PREFIX_HIT, EventKind.FREE, EventKind.CACHE, EventKind.EVICT)
@@ -63,6 +63,7 @@ class BlockStateTracker:
         keep_transitions: bool = False,
         keep_residency: bool = True,
         track_states: bool = True,
+        residency_capacity: int = RESERVOIR_SIZE,
     ) -> None:
         """With ``keep_transitions`` it also keeps every moment a block became cached,
         evictable (+1) or stopped being so (-1): ``transitions()``, for the occupancy map.
@@ -71,7 +72,9 @@ class BlockStateTracker:
         it follows no block's state (no ``cached_blocks_at_steps`` or transitions), only the
         evictions and the residency samples: a run's simulation measures the cached blocks
         at each step (SimResult.step_cached_free_blocks), and the state replay was a tenth
-        of the full Azure conversation trace's simulation loop under v1."""
+        of the full Azure conversation trace's simulation loop under v1.
+        ``residency_capacity``: samples kept per residency metric (a fleet's replicas share
+        the one-run budget)."""
         if keep_transitions and not track_states:
             raise ValueError("transitions need the blocks' states tracked")
         self.num_blocks = num_blocks
@@ -84,7 +87,7 @@ class BlockStateTracker:
         self._num_cached_free = 0
         self.num_evictions = 0  # blocks whose key left the cache by reuse (EVICT)
         self._at_steps: list[np.ndarray] = []
-        self.residency = ResidencyCollector(num_blocks)
+        self.residency = ResidencyCollector(num_blocks, capacity=residency_capacity)
 
     def consume(self, cols: Columns, block_ids: np.ndarray) -> None:
         """Account one chunk of events (in recording order)."""

@@ -22,6 +22,7 @@ from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
 from kvsim.analysis.measure import measure
+from kvsim.analysis.residency import RESERVOIR_SIZE
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits
 from kvsim.fleet.kv_index import KvEventTap
@@ -36,6 +37,8 @@ from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_c
 from kvsim.sim.executor import Executor
 from kvsim.sim.simulation import SimSettings
 from workloads import Request, Trace
+
+MIN_RESERVOIR = 1 << 12  # residency samples kept per metric and replica, at least
 
 
 class _Replica:
@@ -70,7 +73,14 @@ class _Replica:
             config.block_size,
             lambda seq_id: final_length(self.sim.submitted[seq_id], max_model_len),
         )
-        self.block_states = BlockStateTracker(num_blocks, track_states=False) if caching else None
+        # the replicas share one run's residency sample budget (64 replicas of 2 M samples
+        # each held 6 GiB of a 1 M-request run)
+        capacity = max(RESERVOIR_SIZE // config.replicas, MIN_RESERVOIR)
+        self.block_states = (
+            BlockStateTracker(num_blocks, track_states=False, residency_capacity=capacity)
+            if caching
+            else None
+        )
         settings = SimSettings(seed=config.seed, until=config.until)
         common: dict[str, Any] = {"keep_block_ids": False, "keep_kinds": METRIC_KINDS}
         self.compiled = compiled and compiled_v1_applies(scheduler, executor, config.fast_decode)
