@@ -2,7 +2,7 @@
 
 A run folder's config.json is ``RunConfig.to_dict()``; ``kvsim run --config config.json``
 rebuilds the same config, so a cost-mode run can be repeated exactly (an engine-mode run
-measures wall time: it repeats the same schedule of tokens, not the same times).
+measures wall time: it repeats the requests and options, not the times, nor so the exact steps).
 
 Each field's type is checked (JSON's types: no string for a number, no number for a flag) and
 then its bounds (``option(check=...)``); contradicting options are refused by ``_RULES``.

@@ -241,6 +241,6 @@ def warnings(summary: dict[str, Any]) -> list[str]:
         )
         out.append(
             "engine mode: latencies are measured wall time of this machine's steps; "
-            f"{noise}; a rerun gives other times (the same schedule of tokens)"
+            f"{noise}; a rerun gives other times, so possibly other steps"
         )
     return out
