@@ -39,7 +39,8 @@ from kvsim.sim.engine_mode import (
     build_llm,
 )
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
-from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, SimSettings, Simulation
+from kvsim.sim.records import SimSettings
+from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, Simulation
 from kvsim.sim.unarrived import unarrived_warning
 from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace, scale_time
 

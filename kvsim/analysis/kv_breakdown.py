@@ -36,7 +36,7 @@ from engine.contiguous.buddy import BuddyAllocator, order_of
 from engine.core.events import Columns
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.table import Table, TableLike, column
-from kvsim.sim.simulation import SimResult
+from kvsim.sim.records import SimResult
 from workloads import Request
 
 COLUMNS = (

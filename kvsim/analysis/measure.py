@@ -13,7 +13,7 @@ from kvsim.analysis.metrics import requests_table, steps_table, summarize
 from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig
-from kvsim.sim.simulation import SimResult
+from kvsim.sim.records import SimResult
 
 
 def measure(

@@ -24,7 +24,7 @@ from kvsim.analysis.load import (
 )
 from kvsim.analysis.prefix_metrics import Admissions, request_columns
 from kvsim.analysis.table import Table, TableLike, column, is_label
-from kvsim.sim.simulation import SimResult
+from kvsim.sim.records import SimResult
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -35,7 +35,7 @@ from kvsim.sim.allocators import build_allocator
 from kvsim.sim.compiled_v1 import KeySource, compiled_v1_applies
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.executor import Executor
-from kvsim.sim.simulation import SimSettings
+from kvsim.sim.records import SimSettings
 from workloads import Request, Trace
 
 MIN_RESERVOIR = 1 << 12  # residency samples kept per metric and replica, at least

@@ -32,7 +32,7 @@ from kvsim.fleet.kv_index import KvEventIndex
 from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
 from kvsim.fleet.routers import ReplicaView, Router, RouteRequest
 from kvsim.sim.gc_passes import fewer_gc_passes
-from kvsim.sim.simulation import SimResult
+from kvsim.sim.records import SimResult
 from workloads import Request
 
 # Replica-side bookkeeping the router keeps per routed request (Dynamo's slot tracker).

@@ -1,0 +1,45 @@
+"""What a simulation is told beyond the engine (SimSettings) and what it leaves behind
+(SimResult): the records kvsim.analysis reads, apart from the clock that makes them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine import EventRecorder
+from workloads import Request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimSettings:
+    """What the clock needs beyond the engine: the workload shape and when to stop."""
+
+    concurrency: int | None = None  # closed loop with this many users; None: open loop
+    think_time_s: float = 0.0
+    seed: int = 0
+    until: float | None = None  # stop at this simulated time (seconds)
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What one simulation leaves behind: the event stream and per-step measurements."""
+
+    recorder: EventRecorder
+    requests: list[Request]  # in seq_id order, with the arrival times actually used
+    block_size: int
+    num_blocks: int
+    step_duration_s: np.ndarray  # one entry per non-empty step, in step order
+    step_filled_slots: np.ndarray  # tokens whose K/V is in the cache during the step
+    step_num_running: np.ndarray
+    sim_end_s: float
+    wall_time_s: float
+    # Why each rejected request was rejected (the engine's Sequence.finish_reason), by seq_id.
+    reject_reasons: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Tokens of each step that prefill (prompt or recompute chunks); the rest decode.
+    step_prefill_tokens: np.ndarray | None = None
+    # v1: free blocks keeping their prefix-cache key (cached, evictable) as each step was
+    # scheduled, the BlockManager's count (what replaying the block events gives,
+    # kvsim/analysis/block_states.py, at a fraction of the cost); 0 without prefix caching.
+    step_cached_free_blocks: np.ndarray | None = None
