@@ -50,8 +50,8 @@ class ReplicaSimulation(Simulation):
 
 
 class CompiledReplicaSimulation(CompiledV1Simulation):
-    """A replica on the compiled core. It makes no per-step output objects, so a router
-    that follows prefills (``Router.follows_prefills``) needs a ``ReplicaSimulation``."""
+    """A replica on the compiled core. It makes no per-step output objects: a router that
+    follows prefills (``Router.follows_prefills``) asks ``has_first_token`` instead."""
 
     on_finish: Callable[[int, int], None] | None = None
     replica: int = 0
@@ -68,11 +68,21 @@ class CompiledReplicaSimulation(CompiledV1Simulation):
         usage = 1.0 - core.get_num_free_blocks() / core.num_blocks
         return core.num_waiting, core.num_running, usage
 
+    def has_first_token(self, seq_id: int) -> bool:
+        """Whether request ``seq_id`` has sampled a token (or is gone) by the core's steps
+        so far."""
+        state = self.core.request(seq_id)
+        return state is None or state["num_generated"] > 0
+
     def attach_index(self, index: KvEventIndex) -> None:
         """Send every KV event to ``index`` from now on (each time the core returns)."""
         self.index = index
 
     def _after_run(self) -> None:
+        # What the fleet must know before it routes the next arrival: the requests that
+        # finished in the steps run so far (a router counts what it routed and is not done)
+        # and their KV events. The base loop would report them only after a pending step.
+        self._finished(self.core.take_finished())
         index = self.index
         if index is None or self.core.num_events < 1:
             return

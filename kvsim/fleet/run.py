@@ -154,7 +154,6 @@ def simulate_fleet(
             make_executor(),
             prefix_of,
             key_source,
-            compiled=not router.follows_prefills,
         )
         for _ in range(config.replicas)
     ]

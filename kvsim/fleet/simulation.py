@@ -100,14 +100,17 @@ class FleetSimulation:
         self.now = 0.0  # the fleet's clock: the last arrival routed
         if len({id(sim.env) for sim in self.replicas}) != n:
             raise ValueError("every replica needs its own simpy environment")
+        # replicas on the compiled core make no step outputs: their prefills are looked up
+        self._polled = [
+            i for i, sim in enumerate(self.replicas) if isinstance(sim, CompiledReplicaSimulation)
+        ]
         for i, sim in enumerate(self.replicas):
             sim.replica = i
             sim.on_finish = self._finished
-            sim._on_step_end = functools.partial(self._step_ended, i)
+            if router.follows_prefills:  # each step's output costs a Python loop: only then
+                sim._on_step_end = functools.partial(self._step_ended, i)
             if router.uses_prefix:  # only such a router reads the events
                 sim.attach_index(self.index)
-            if router.follows_prefills and not isinstance(sim, ReplicaSimulation):
-                raise ValueError(f"router {router.name} needs replicas on the Python scheduler")
 
     # --- the router's bookkeeping -------------------------------------------------------
 
@@ -127,8 +130,21 @@ class FleetSimulation:
         for seq in out.seqs:
             entry = tracked.get(seq.seq_id)
             if entry is not None and entry[0] == _PREFILLING and seq.generated_token_ids:
-                tracked[seq.seq_id] = (_DECODING, 0, entry[2])
-                self._prefill_tokens[replica] -= entry[1]
+                self._prefilled(replica, seq.seq_id, entry)
+
+    def _prefilled(self, replica: int, seq_id: int, entry: tuple[int, int, int]) -> None:
+        self._tracked[replica][seq_id] = (_DECODING, 0, entry[2])
+        self._prefill_tokens[replica] -= entry[1]
+
+    def _poll_prefills(self) -> None:
+        """``_step_ended`` for the compiled replicas, at routing time: the requests whose
+        first token has come out by now (steps that ended before it)."""
+        for replica in self._polled:
+            sim = self.replicas[replica]
+            assert isinstance(sim, CompiledReplicaSimulation)
+            for seq_id, entry in list(self._tracked[replica].items()):
+                if entry[0] == _PREFILLING and sim.has_first_token(seq_id):
+                    self._prefilled(replica, seq_id, entry)
 
     # --- processes ----------------------------------------------------------------------
 
@@ -166,6 +182,8 @@ class FleetSimulation:
         self.index.advance(self.now)
         keys = self._prompt_keys_of(request) if self.router.uses_prefix else []
         num_blocks = request.prompt_tokens // bs
+        if self.router.follows_prefills:
+            self._poll_prefills()
         views = self._views(keys)
         chosen = self.router.choose(RouteRequest(request.prompt_tokens, num_blocks, bs), views)
         if not 0 <= chosen < len(self.replicas):
