@@ -19,7 +19,7 @@ FLEET_PICTURES = {
     "fleet-imbalance": "fleet_imbalance.png",
 }
 FLEET_CAPTIONS = {
-    "fleet-load": "Running sequences and KV usage per replica (mean per time bin)",
+    "fleet-load": "Waiting requests, running sequences and KV usage per replica over time",
     "fleet-hit-rate": "Prefix-cache hit rate per replica and fleet-wide, cumulative by arrival",
     "fleet-imbalance": "Requests, busy time and prefix-cache hit rate per replica",
 }
@@ -34,23 +34,37 @@ def _binned_mean(t: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.nda
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def draw_load(steps: pd.DataFrame, summary: dict[str, Any]) -> Figure:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+def waiting_at(requests: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+    """Requests arrived and not yet admitted (nor rejected or aborted while waiting) at each
+    of ``times`` (s): the waiting queue of new requests (a preempted request waiting again is
+    not counted)."""
+    arrived = np.sort(requests["arrival_time_s"].to_numpy(float))
+    left = requests["admit_time_s"].fillna(requests["finish_time_s"])
+    left_sorted = np.sort(left.dropna().to_numpy(float))
+    return np.searchsorted(arrived, times, side="right") - np.searchsorted(
+        left_sorted, times, side="right"
+    )
+
+
+def draw_load(steps: pd.DataFrame, requests: pd.DataFrame, summary: dict[str, Any]) -> Figure:
+    fig, (queue, top, bottom) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     end = float(summary["sim_duration_s"]) or 1.0
     edges = np.linspace(0.0, end, BINS + 1)
     middle = (edges[:-1] + edges[1:]) / 2
     per_replica_blocks = summary["replicas"][0]["num_blocks"]
     for replica, rows in steps.groupby("replica", sort=True):
         t = rows["time_s"].to_numpy()
-        top.plot(middle, _binned_mean(t, rows["num_running"].to_numpy(float), edges),
-                 label=f"replica {replica}", lw=1)  # fmt: skip
+        mine = requests[requests["replica"] == replica]
+        queue.plot(middle, waiting_at(mine, middle), lw=1, label=f"replica {replica}")
+        top.plot(middle, _binned_mean(t, rows["num_running"].to_numpy(float), edges), lw=1)
         used = 1 - rows["free_blocks"].to_numpy(float) / per_replica_blocks
         bottom.plot(middle, 100 * _binned_mean(t, used, edges), lw=1)
+    queue.set_ylabel("waiting\n(arrived, not admitted)")
     top.set_ylabel("running sequences")
     bottom.set_ylabel("KV blocks in use (%)")
     bottom.set_xlabel("simulated time (s)")
     bottom.set_ylim(0, 100)
-    top.legend(fontsize="small", ncol=4)
+    queue.legend(fontsize="small", ncol=4)
     fig.suptitle(
         f"{summary['fleet']['num_replicas']} replicas, router {summary['fleet']['router']}"
     )
@@ -115,7 +129,7 @@ def write_fleet_plots(
     """The fleet's pictures as PNGs in ``folder`` (``FLEET_PICTURES``)."""
     folder.mkdir(parents=True, exist_ok=True)
     figures = {
-        "fleet-load": draw_load(steps, summary),
+        "fleet-load": draw_load(steps, requests, summary),
         "fleet-hit-rate": draw_hit_rate(requests, summary),
         "fleet-imbalance": draw_imbalance(summary),
     }

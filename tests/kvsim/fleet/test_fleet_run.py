@@ -176,3 +176,19 @@ def test_replicas_that_see_no_request_leave_the_fleet_figures_alone(tmp_path: Pa
     usage = [r["kv_usage_mean"] for r in summary["replicas"]]
     assert summary["kv_usage_mean"] == pytest.approx(sum(usage) / 16)
     assert summary["prefix_cache_hit_rate"] == busy[0]["prefix_cache_hit_rate"]
+
+
+def test_the_waiting_queue_picture_counts_arrived_not_yet_admitted_requests() -> None:
+    import pandas as pd
+
+    from kvsim.plots.fleet import waiting_at
+
+    requests = pd.DataFrame(
+        {
+            "arrival_time_s": [0.0, 1.0, 2.0, 3.0],
+            "admit_time_s": [0.5, 4.0, None, None],
+            "finish_time_s": [5.0, 6.0, 2.5, None],  # the third is rejected at 2.5 s
+        }
+    )
+    times = np.array([0.2, 0.6, 1.5, 2.2, 2.7, 3.5, 4.5])
+    assert waiting_at(requests, times).tolist() == [1, 0, 1, 2, 1, 2, 1]
