@@ -28,6 +28,7 @@ from kvsim.plots import (
     png_bytes,
 )
 from kvsim.plots._common import write_output
+from kvsim.plots.fleet import FLEET_CAPTIONS
 
 CAPTIONS = {
     "occupancy": "Block occupancy: physical block id over time, coloured by owning request "
@@ -194,7 +195,7 @@ def build_report(
     if names is None:
         names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
         names = [n for n in names if v1 or n not in V1_PICTURES]
-    captions = {**CAPTIONS, **V1_CAPTIONS} if v1 else CAPTIONS
+    captions = {**CAPTIONS, **V1_CAPTIONS, **FLEET_CAPTIONS} if v1 else CAPTIONS
     for name in names:
         if pngs is not None and name in pngs:
             data = base64.b64encode(pngs[name]).decode("ascii")

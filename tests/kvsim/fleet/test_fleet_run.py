@@ -160,6 +160,7 @@ def test_a_fleet_draws_its_own_pictures(fleet_folder: Path, tmp_path: Path) -> N
     ]
     report = (out / "report.html").read_text()
     assert report.count("<img") == 3 and 'alt="fleet-hit-rate"' in report
+    assert "Prefix-cache hit rate per replica" in report  # captions, not picture names
 
 
 def test_replicas_that_see_no_request_leave_the_fleet_figures_alone(tmp_path: Path) -> None:
