@@ -65,7 +65,26 @@ def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str,
     ]  # fmt: skip
     if v1:
         rows.insert(rows.index(("preemptions", f"{s['num_preemptions']:,}")), _hit_rate_row(s))
+    if "fleet" in s:
+        rows[1:2] = _fleet_rows(s)
     return rows
+
+
+def _fleet_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """A fleet's pool (per replica) and its router, spread and per-replica hit rates."""
+    fleet = s["fleet"]
+    replica = s["replicas"][0]
+    rates = ["-" if r is None else f"{r:.1%}" for r in fleet["prefix_cache_hit_rate_per_replica"]]
+    weights = f" ({fleet['router_weights']})" if fleet.get("router_weights") else ""
+    delay = fleet["router_event_delay_s"]
+    events = "caches read directly" if fleet["router_oracle"] else f"KV events {delay:g} s late"
+    return [
+        ("fleet", f"{fleet['num_replicas']} replicas x {_pool(replica, 'paged')}"),
+        ("router", f"{fleet['router']}{weights}, {events}"),
+        ("requests per replica", " / ".join(f"{n:,}" for n in fleet["requests_per_replica"])
+         + f" (CV {fleet['requests_cv']:.2f}; busy time CV {fleet['busy_time_cv']:.2f})"),
+        ("hit rate per replica", " / ".join(rates)),
+    ]  # fmt: skip
 
 
 def _hit_rate_row(s: dict[str, Any]) -> tuple[str, str]:

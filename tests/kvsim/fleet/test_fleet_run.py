@@ -193,3 +193,13 @@ def test_the_waiting_queue_picture_counts_arrived_not_yet_admitted_requests() ->
     )
     times = np.array([0.2, 0.6, 1.5, 2.2, 2.7, 3.5, 4.5])
     assert waiting_at(requests, times).tolist() == [1, 0, 1, 2, 1, 2, 1]
+
+
+def test_the_terminal_summary_names_the_fleet(fleet_folder: Path) -> None:
+    from kvsim.commands.summary import summary_rows
+
+    rows = dict(summary_rows(json.loads((fleet_folder / "summary.json").read_text())))
+    assert rows["fleet"].startswith("3 replicas x 4,000 blocks x 16 tokens")
+    assert rows["router"] == "prefix (2:1:1), KV events 0.05 s late"
+    assert rows["requests per replica"].count(" / ") == 2
+    assert "KV pool" not in rows  # the pool is per replica: said in the fleet row
