@@ -206,7 +206,7 @@ def run(
             on_start(len(trace.requests))
         summary, requests, steps, routing = simulate_fleet(
             config, trace, num_blocks, max_model_len,
-            lambda: build_executor(config, cost_model), limits,
+            lambda: build_executor(config, cost_model), limits, progress,
         )  # fmt: skip
         return RunResult(
             config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}

@@ -36,6 +36,7 @@ from kvsim.sim.compiled_v1 import KeySource, compiled_v1_applies
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.executor import Executor
 from kvsim.sim.records import SimSettings
+from kvsim.sim.simulation import Progress
 from workloads import Request, Trace
 
 MIN_RESERVOIR = 1 << 12  # residency samples kept per metric and replica, at least
@@ -134,9 +135,10 @@ def simulate_fleet(
     max_model_len: int | None,
     make_executor: Callable[[], Executor],
     limits: SchedulingLimits,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, Any], Table, Table, Table]:
     """Run ``trace`` through ``config.replicas`` replicas of ``num_blocks`` blocks each:
-    summary.json, requests, steps and routing tables."""
+    summary.json, requests, steps and routing tables (``progress`` as FleetSimulation.run)."""
     prefix_of = prefix_source_of(trace, config.block_size) if config.caches_prefixes() else None
     key_source = key_source_of(trace, caching=config.caches_prefixes())
     router = make_router(
@@ -167,7 +169,7 @@ def simulate_fleet(
         oracle=config.router_oracle,
         until=config.until,
     )
-    result = fleet.run()
+    result = fleet.run(progress)
     summaries, request_tables, step_tables = [], [], []
     for i, (replica, sim_result) in enumerate(zip(replicas, result.replicas)):
         requests, steps, summary = measure(

@@ -33,8 +33,10 @@ from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
 from kvsim.fleet.routers import ReplicaView, Router, RouteRequest
 from kvsim.sim.gc_passes import fewer_gc_passes
 from kvsim.sim.records import SimResult
+from kvsim.sim.simulation import Progress
 from workloads import Request
 
+PROGRESS_EVERY_ARRIVALS = 256
 # Replica-side bookkeeping the router keeps per routed request (Dynamo's slot tracker).
 _PREFILLING, _DECODING = 0, 1
 
@@ -207,9 +209,14 @@ class FleetSimulation:
             deadline = sim.env.timeout(request.cancel_after_s)
             deadline.callbacks.append(functools.partial(_cancel, sim, request.request_id))
 
-    def _route_all(self) -> None:
+    def _num_done(self) -> int:
+        return sum(sim.num_done for sim in self.replicas)
+
+    def _route_all(self, progress: Progress | None) -> None:
         interval, last_tick = self.stats_interval_s, -1
-        for request in self.requests:
+        for i, request in enumerate(self.requests):
+            if progress is not None and i % PROGRESS_EVERY_ARRIVALS == 0:
+                progress(self.now, self._num_done())
             t = request.arrival_time_s
             if self.until is not None and t >= self.until:
                 break
@@ -224,12 +231,13 @@ class FleetSimulation:
         for sim in self.replicas:
             sim.close_arrivals()
 
-    def run(self) -> FleetSimResult:
-        """Replay the requests to the end (or ``until``)."""
+    def run(self, progress: Progress | None = None) -> FleetSimResult:
+        """Replay the requests to the end (or ``until``); ``progress`` (simulated seconds,
+        requests done) is called every ``PROGRESS_EVERY_ARRIVALS`` arrivals and at the end."""
         start = time.perf_counter()
         engines = [sim.start_engine() for sim in self.replicas]
         with fewer_gc_passes():
-            self._route_all()
+            self._route_all(progress)
             for sim, engine in zip(self.replicas, engines):
                 if self.until is None:
                     sim.env.run(until=engine)
@@ -238,6 +246,8 @@ class FleetSimulation:
                     sim.env.run(until=sim.env.any_of([engine, stop]))
             end = max(sim.env.now for sim in self.replicas)
             self._advance(end)  # every replica's run spans the fleet's
+        if progress is not None:
+            progress(end, self._num_done())
         wall = time.perf_counter() - start
         results = [sim.collect(wall) for sim in self.replicas]
 

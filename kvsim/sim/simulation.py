@@ -147,6 +147,11 @@ class Simulation:
         self._prefill_tokens = array("q")
 
     @property
+    def num_done(self) -> int:
+        """Requests finished, aborted or rejected so far."""
+        return self._num_done
+
+    @property
     def submitted(self) -> list[Request]:
         """Requests submitted so far; a request's index is its seq_id."""
         return self._submitted

@@ -203,3 +203,15 @@ def test_the_terminal_summary_names_the_fleet(fleet_folder: Path) -> None:
     assert rows["router"] == "prefix (2:1:1), KV events 0.05 s late"
     assert rows["requests per replica"].count(" / ") == 2
     assert "KV pool" not in rows  # the pool is per replica: said in the fleet row
+
+
+def test_a_fleet_reports_its_progress() -> None:
+    """The progress bar of `kvsim run` moves during a fleet run and ends at every request."""
+    calls: list[tuple[float, int]] = []
+    config = RunConfig(trace=TRACE, model="llama-3.1-8b", gpu="h100-sxm", replicas=2)
+    result = run(config, lambda t, done: calls.append((t, done)), keep_events=False)
+    assert len(calls) >= 1000 // 256
+    times, done = zip(*calls)
+    assert list(times) == sorted(times) and list(done) == sorted(done)
+    assert done[-1] == result.summary["num_requests"] == 1000
+    assert done[len(done) // 2] < 1000  # reported while it runs, not only at the end
