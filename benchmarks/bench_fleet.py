@@ -3,8 +3,8 @@
 1. The whole Mooncake conversation trace (12,031 requests), llama-3.1-8b on h100-sxm, 8
    replicas under the `prefix` router (bar: <= 30 s), beside `round-robin` on the same fleet
    (what reading the KV events costs), `kvsim run --no-plots`'s work without the CLI.
-2. --million: 64 replicas on 1 M synthetic requests (Poisson at 64 x 16 req/s, lognormal
-   lengths as bench_sim.py's --million), `round-robin`: wall seconds and peak RSS of the whole
+2. --million: 64 replicas on 1 M synthetic requests (bench_sim.py's --million trace at
+   64 x 16 req/s), `round-robin`: wall seconds and peak RSS of the whole
    process (bar: <= 10 min and <= 4 GiB). --requests scales it down.
 
     python benchmarks/bench_fleet.py [--repeats 3] [--replicas 8] [--million [--requests N]]
@@ -52,20 +52,11 @@ def bench_mooncake(repeats: int, replicas: int) -> None:
 
 
 def bench_million(num_requests: int, replicas: int) -> None:
-    from workloads import ArrivalProcess, generate_trace, save_trace
+    from bench_sim import write_million_trace  # the same trace, scaled to the fleet
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "million.jsonl"
-        trace = generate_trace(
-            arrivals=ArrivalProcess(rate_per_s=16.0 * replicas, kind="poisson"),  # type: ignore[arg-type]
-            prompt="lognormal:1000:1.0:4000",
-            output="lognormal:200:1.0:2000",
-            num_requests=num_requests,
-            seed=1,
-            name="million",
-        )
-        save_trace(trace, path)
-        del trace
+        write_million_trace(path, num_requests, replicas)
         config = RunConfig(trace=str(path), model="llama-3-8b", gpu="h100-sxm", replicas=replicas)
         start = time.perf_counter()
         result = run(config, keep_events=False)

@@ -85,24 +85,28 @@ def bench_trace(repeats: int) -> None:
     print(f"peak RSS {peak_rss_mib():,.0f} MiB")
 
 
-def bench_million(num_requests: int) -> None:
+def write_million_trace(path: Path, num_requests: int, replicas: int = 1) -> None:
+    """The --million synthetic trace (Poisson, lognormal lengths) at 16 req/s per replica:
+    that keeps llama-3-8b on one H100 busy but not saturated (TTFT p99 about 0.2 s), so a run
+    measures the simulator, not an ever-growing queue."""
     from workloads import ArrivalProcess, generate_trace, save_trace
 
+    trace = generate_trace(
+        arrivals=ArrivalProcess(rate_per_s=16.0 * replicas, kind="poisson"),
+        prompt="lognormal:1000:1.0:4000",
+        output="lognormal:200:1.0:2000",
+        num_requests=num_requests,
+        seed=1,
+        name="million",
+    )
+    save_trace(trace, path)
+
+
+def bench_million(num_requests: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "million.jsonl"
         start = time.perf_counter()
-        trace = generate_trace(
-            # 16 req/s keeps llama-3-8b on one H100 busy but not saturated (TTFT p99 about
-            # 0.2 s), so the run measures the simulator, not an ever-growing queue.
-            arrivals=ArrivalProcess(rate_per_s=16.0, kind="poisson"),
-            prompt="lognormal:1000:1.0:4000",
-            output="lognormal:200:1.0:2000",
-            num_requests=num_requests,
-            seed=1,
-            name="million",
-        )
-        save_trace(trace, path)
-        del trace
+        write_million_trace(path, num_requests)
         print(f"generated {num_requests:,} requests in {time.perf_counter() - start:.1f} s")
         config = RunConfig(trace=str(path), model="llama-3-8b", gpu="h100-sxm")
         start = time.perf_counter()

@@ -28,7 +28,6 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
-from kvsim.fleet.run import simulate_fleet
 from kvsim.option_spec import parse_step_time
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
@@ -202,6 +201,8 @@ def run(
         "warnings": warnings,
     }
     if config.replicas > 1:
+        from kvsim.fleet.run import simulate_fleet  # a one-replica run need not import it
+
         if on_start is not None:
             on_start(len(trace.requests))
         summary, requests, steps, routing = simulate_fleet(

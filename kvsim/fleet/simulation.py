@@ -37,8 +37,6 @@ from kvsim.sim.simulation import Progress
 from workloads import Request
 
 PROGRESS_EVERY_ARRIVALS = 256
-# Replica-side bookkeeping the router keeps per routed request (Dynamo's slot tracker).
-_PREFILLING, _DECODING = 0, 1
 
 
 @dataclass(slots=True)
@@ -81,7 +79,6 @@ class FleetSimulation:
         self.router = router
         self.block_size = block_size
         self.stats_interval_s = stats_interval_s
-        self.oracle = oracle
         self.until = until
         # the oracle reads each cache as it is: the index with no delay (a property test holds
         # it equal to the caches at every routing)
@@ -89,11 +86,13 @@ class FleetSimulation:
         self._prompt_keys_of = prompt_keys_of
         n = len(self.replicas)
         self._stats = [(0, 0, 0.0)] * n  # published (waiting, running, kv_usage)
-        self._routed_active = [0] * n
+        # The router's own bookkeeping (Dynamo's slot tracker), per replica: each routed,
+        # unfinished request's (uncached prompt tokens, blocks), those still prefilling, and
+        # the sums the routers read.
+        self._tracked: list[dict[int, tuple[int, int]]] = [{} for _ in range(n)]
+        self._prefilling: list[set[int]] = [set() for _ in range(n)]
         self._prefill_tokens = [0] * n
         self._active_blocks = [0] * n
-        # per (replica, seq_id): (phase, uncached prompt tokens, blocks) while unfinished
-        self._tracked: list[dict[int, tuple[int, int, int]]] = [{} for _ in range(n)]
         self._route_time = array("d")
         self._route_replica = array("q")
         self._route_seq = array("q")
@@ -120,23 +119,20 @@ class FleetSimulation:
         entry = self._tracked[replica].pop(seq_id, None)
         if entry is None:
             return
-        phase, prefill, blocks = entry
-        self._routed_active[replica] -= 1
-        self._active_blocks[replica] -= blocks
-        if phase == _PREFILLING:
-            self._prefill_tokens[replica] -= prefill
+        self._active_blocks[replica] -= entry[1]
+        if seq_id in self._prefilling[replica]:
+            self._prefilled(replica, seq_id, entry[0])
 
     def _step_ended(self, replica: int, out: SchedulerOutput) -> None:
         """A request's prefill load leaves the router's count at its first token."""
-        tracked = self._tracked[replica]
+        prefilling = self._prefilling[replica]
         for seq in out.seqs:
-            entry = tracked.get(seq.seq_id)
-            if entry is not None and entry[0] == _PREFILLING and seq.generated_token_ids:
-                self._prefilled(replica, seq.seq_id, entry)
+            if seq.seq_id in prefilling and seq.generated_token_ids:
+                self._prefilled(replica, seq.seq_id, self._tracked[replica][seq.seq_id][0])
 
-    def _prefilled(self, replica: int, seq_id: int, entry: tuple[int, int, int]) -> None:
-        self._tracked[replica][seq_id] = (_DECODING, 0, entry[2])
-        self._prefill_tokens[replica] -= entry[1]
+    def _prefilled(self, replica: int, seq_id: int, uncached_tokens: int) -> None:
+        self._prefilling[replica].discard(seq_id)
+        self._prefill_tokens[replica] -= uncached_tokens
 
     def _poll_prefills(self) -> None:
         """``_step_ended`` for the compiled replicas, at routing time: the requests whose
@@ -144,9 +140,9 @@ class FleetSimulation:
         for replica in self._polled:
             sim = self.replicas[replica]
             assert isinstance(sim, CompiledReplicaSimulation)
-            for seq_id, entry in list(self._tracked[replica].items()):
-                if entry[0] == _PREFILLING and sim.has_first_token(seq_id):
-                    self._prefilled(replica, seq_id, entry)
+            tracked = self._tracked[replica]
+            for seq_id in [s for s in self._prefilling[replica] if sim.has_first_token(s)]:
+                self._prefilled(replica, seq_id, tracked[seq_id][0])
 
     # --- processes ----------------------------------------------------------------------
 
@@ -172,7 +168,7 @@ class FleetSimulation:
                     kv_usage=usage,
                     prefix_blocks=index.prefix_blocks(i, keys) if keys else 0,
                     cached_blocks=index.num_cached_blocks(i) if uses_prefix else 0,
-                    routed_active=self._routed_active[i],
+                    routed_active=len(self._tracked[i]),
                     active_prefill_tokens=self._prefill_tokens[i],
                     active_blocks=self._active_blocks[i],
                 )
@@ -195,8 +191,8 @@ class FleetSimulation:
         held = views[chosen].prefix_blocks
         uncached = max(0, request.prompt_tokens - held * bs)
         blocks = -(-request.prompt_tokens // bs) - held
-        self._tracked[chosen][seq_id] = (_PREFILLING, uncached, blocks)
-        self._routed_active[chosen] += 1
+        self._tracked[chosen][seq_id] = (uncached, blocks)
+        self._prefilling[chosen].add(seq_id)
         self._prefill_tokens[chosen] += uncached
         self._active_blocks[chosen] += blocks
         self._route_time.append(self.now)

@@ -53,7 +53,7 @@ def _combined(key: str, values: list[Any]) -> Any:
         return sum(known)
     if key in _MAXED:
         return max(known)
-    if isinstance(first, (bool, str)) or (len(known) < len(values) and isinstance(first, dict)):
+    if isinstance(first, (bool, str, dict)):  # fleet-wide distributions are recomputed
         return first if all(v == first for v in values) else None
     if isinstance(first, (int, float)):
         return first if all(v == first for v in known) else float(np.mean(known))
