@@ -129,6 +129,12 @@ def fit_gpu(
         decode, prefill = need("attention").decode_attention, need("attention").prefill_attention
         block_size = need("attention").profiled_block_size
     systems = sorted(set(mine.allreduce["system"]))
+    if system is not None and system not in systems:
+        raise FitError(
+            f"--system {system!r}: no all-reduce profile of device {device!r} names it in "
+            f"{profiles.root or 'the profiles'} (network/{device}_*__all_reduce.csv: "
+            f"{', '.join(systems) or 'none'})"
+        )
     system = system or NETWORK_SYSTEM.get(gpu.name) or (systems[0] if len(systems) == 1 else None)
     if system is not None and system in systems:
         allreduce = fit_allreduce(mine.allreduce, gpu, system)

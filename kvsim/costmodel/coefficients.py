@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from kvsim.costmodel.specio import (
     positive_int,
     read_json_object,
 )
+from kvsim.costmodel.systems import check_system
 
 # GPU fits stay <= 1 (fractions of datasheet peaks); a CPU fit may exceed 1 where operands are
 # cache-resident (its peak bandwidth is measured on DRAM), never by orders of magnitude.
@@ -284,21 +284,6 @@ def _dataclass_from(cls: type, value: object, where: str) -> Any:
     return cls(**values)
 
 
-# An all-reduce system as network profiles name it (a100_dgx: the file
-# network/a100_dgx__all_reduce.csv), or "none" where no fit exists.
-_SYSTEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
-
-
-def _system(value: object, source: str) -> str:
-    system = nonempty_str(value, "allreduce.system", source)
-    if not _SYSTEM.fullmatch(system):
-        raise CostModelError(
-            f"{source}: allreduce.system must name a network profile's system (letters, "
-            f"digits, _ . + -, e.g. a100_dgx), got {system[:80]!r}"
-        )
-    return system
-
-
 def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> StepCoefficients:
     """Validate a parsed coefficient file; every error names ``source`` and the key path."""
     if "format" not in data:
@@ -334,13 +319,13 @@ def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> Step
         by_workers[int(w)] = tuple(
             _dataclass_from(AllReduceProtocol, p, f"{where}[{i}]") for i, p in enumerate(protocols)
         )
+    provenances = {
+        k: _dataclass_from(Provenance, provenance[k], f"{source}: provenance.{k}") for k in _PARTS
+    }
     return StepCoefficients(
         gpu=nonempty_str(data["gpu"], "gpu", source),
         num_sms=positive_int(data["num_sms"], "num_sms", source),
-        provenance={
-            k: _dataclass_from(Provenance, provenance[k], f"{source}: provenance.{k}")
-            for k in _PARTS
-        },
+        provenance=provenances,
         linear={
             op: _dataclass_from(
                 GemmCoefficients if op == "gemm" else ElementwiseCoefficients,
@@ -359,7 +344,9 @@ def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> Step
             attention["profiled_block_size"], "attention.profiled_block_size", source
         ),
         allreduce=AllReduceCoefficients(
-            system=_system(allreduce["system"], source),
+            system=check_system(
+                allreduce["system"], by_workers, provenances["allreduce"].profiles, source
+            ),
             by_num_workers=by_workers,
         ),
         overheads=_dataclass_from(Overheads, data["overheads"], f"{source}: overheads"),

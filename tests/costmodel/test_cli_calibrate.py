@@ -97,6 +97,12 @@ def test_calibrate_usage_errors(synthetic: Path, tmp_path: Path) -> None:
         kvsim("calibrate", tmp_path / "none", "--gpu", "l4", "-o", tmp_path / "a")
     )
     assert "not a folder" in line
+    line = one_error_line(
+        kvsim("calibrate", synthetic, "--gpu", "a100-80gb", "--system", "a100_dgxx",
+              "-o", tmp_path / "a")
+    )  # fmt: skip
+    assert "--system 'a100_dgxx'" in line and "a100_dgx)" in line
+    assert not (tmp_path / "a").exists()
 
 
 def test_validate_writes_csvs_tables_and_plots(synthetic: Path, tmp_path: Path) -> None:

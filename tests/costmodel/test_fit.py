@@ -16,6 +16,7 @@ from kvsim.costmodel.coefficients import (
     ElementwiseCoefficients,
     GemmCoefficients,
     PrefillAttentionCoefficients,
+    Provenance,
     StepCoefficients,
 )
 from kvsim.costmodel.layer_shapes import ELEMENTWISE_OPS
@@ -27,7 +28,13 @@ GPU = resolve_gpu("a100-80gb")
 KNOWN = StepCoefficients(
     gpu="a100-80gb",
     num_sms=108,
-    provenance={k: PRIOR_PROVENANCE for k in ("linear", "attention", "allreduce", "overheads")},
+    provenance={
+        **{k: PRIOR_PROVENANCE for k in ("linear", "attention", "overheads")},
+        # A coefficient file's all-reduce system is one its profiles name (costmodel/systems.py).
+        "allreduce": Provenance(
+            kind="fitted", source="synthetic", profiles=("synth_dgx__all_reduce.csv",)
+        ),
+    },
     linear={
         "gemm": GemmCoefficients(
             latency_s=5e-6,

@@ -90,6 +90,7 @@ def _coefficients_with(tmp_path: Path, path: tuple[str, ...], value: object) -> 
         (("linear", "gemm", "m_half_tokens"), 1e308, "linear.gemm.m_half_tokens"),
         (("allreduce", "system"), "a100 dgx", "allreduce.system must name"),
         (("allreduce", "system"), "../x", "allreduce.system must name"),
+        (("allreduce", "system"), "b200_nvl", "allreduce.system 'b200_nvl' is unknown"),
     ],
 )
 def test_coefficient_terms_that_overflow_a_step_are_one_line(
