@@ -26,6 +26,11 @@ class EventKind(enum.IntEnum):
     CACHE = 12  # block_ids were cached under their keys; num_tokens = table index of the first
     EVICT = 13  # block_ids, free and cached, were taken for reuse: their keys left the cache
     CACHE_RESET = 14  # reset_prefix_cache(): every key left the cache
+    # KV offloading (engine/offload): transfers between the GPU pool and a CPU tier.
+    OFFLOAD_LOAD = 15  # a load issued: block_ids its GPU blocks, num_tokens the tokens loaded
+    OFFLOAD_STORE = 16  # a store issued: block_ids its source GPU blocks, num_tokens its tokens
+    OFFLOAD_LOAD_DONE = 17  # that load completed (same block_ids and num_tokens)
+    OFFLOAD_STORE_DONE = 18  # that store completed: its chunks are readable in the tier
 
 
 class StepKind(enum.IntEnum):

@@ -58,6 +58,27 @@ class SchedulerConfig:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    """One load (tier -> GPU) or store (GPU -> tier) of ``keys`` (chunks) into / from
+    ``gpu_block_ids`` for sequence ``seq_id``."""
+
+    job_id: int
+    seq_id: int
+    is_store: bool
+    keys: tuple[int, ...]
+    gpu_block_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class ConnectorMeta:
+    """What the worker side must do for one step (vLLM's OffloadingConnectorMetadata)."""
+
+    load_jobs: list[TransferJob]
+    store_jobs: list[TransferJob]
+    jobs_to_flush: set[int]
+
+
 def step_kind(seqs: list[Sequence], num_new_tokens: list[int]) -> StepKind:
     """A v1 step's kind: DECODE when every sequence computes only its last token (its
     output is sampled next), PREFILL when none does, MIXED otherwise."""
@@ -85,6 +106,7 @@ class SchedulerOutput:
         "_updated",
         "admitted",
         "block_size",
+        "connector_meta",
         "kind",
         "num_batched_tokens",
         "num_new_tokens",
@@ -120,6 +142,8 @@ class SchedulerOutput:
         # v1: the sequences admitted from the waiting queue this step (new or resumed), in
         # batch order; the classic scheduler leaves it empty (its prefill steps admit seqs).
         self.admitted: list[Sequence] = admitted if admitted is not None else []
+        # With KV offloading (engine/offload): this step's loads, stores and flushes.
+        self.connector_meta: ConnectorMeta | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -21,6 +21,8 @@ class SequenceStatus(enum.Enum):
 
     WAITING = "waiting"
     RUNNING = "running"
+    # Admitted with blocks, waiting for a KV connector's load (vLLM's WAITING_FOR_REMOTE_KVS).
+    WAITING_FOR_KV = "waiting_for_kv"
     FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token
     FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len reached
     FINISHED_ABORTED = "finished_aborted"  # cancelled by the caller
@@ -28,7 +30,12 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+        return self not in _UNFINISHED
+
+
+_UNFINISHED = frozenset(
+    (SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.WAITING_FOR_KV)
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +100,7 @@ class Sequence:
         "last_token_id",
         "num_preemptions",
         "num_prompt_tokens",
+        "offload_hit_tokens",
         "prefix",
         "prefix_hit_tokens",
         "priority",
@@ -131,6 +139,8 @@ class Sequence:
         self.prefix = prefix
         # Tokens served from the prefix cache at the latest admission (v1 scheduler).
         self.prefix_hit_tokens = 0
+        # Tokens loaded from a KV offload tier at the latest admission (beyond the prefix hit).
+        self.offload_hit_tokens = 0
         # Chained keys of the full blocks hashed so far (engine.v1.prefix_keys), kept across
         # preemptions; and how many leading blocks of block_table are in the prefix cache.
         self.block_hashes: list[int] = []

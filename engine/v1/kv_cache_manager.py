@@ -220,17 +220,23 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         full_sequence_tokens: int,
         watermark_blocks: int,
         max_model_len: int | None,
+        external_tokens: int = 0,
+        reserved_blocks: int = 0,
+        cache: bool = True,
     ) -> bool:
         """vLLM's KVCacheManager.allocate_slots: give ``seq`` blocks for its computed tokens,
-        its prefix hit ``hit_blocks`` and ``num_new_tokens`` more, and cache the blocks those
-        tokens fill. An admission passes ``full_sequence_tokens`` > 0: it then fails unless
-        blocks for that many tokens fit too. Returns False (and changes nothing) when the
-        free blocks, less ``watermark_blocks``, do not suffice."""
+        its prefix hit ``hit_blocks``, ``external_tokens`` a KV connector will load and
+        ``num_new_tokens`` more, and cache the blocks those tokens fill (unless ``cache`` is
+        False: a load's blocks are cached when it completes). An admission passes
+        ``full_sequence_tokens`` > 0: it then fails unless blocks for that many tokens fit
+        too. Returns False (and changes nothing) when the free blocks, less
+        ``watermark_blocks`` (and, for the new blocks, less ``reserved_blocks`` kept for
+        in-flight prefills), do not suffice."""
         bs = self.block_size
         table = seq.block_table
         num_hit = len(hit_blocks)
         held = num_hit + len(table)
-        total_computed = seq.cached_token_count + num_hit * bs
+        total_computed = seq.cached_token_count + num_hit * bs + external_tokens
         if max_model_len is not None and total_computed > max_model_len:
             total_computed = max_model_len
         evictable = 0
@@ -246,7 +252,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
         if max_model_len is not None and num_slots > max_model_len:
             num_slots = max_model_len
         num_new_blocks = -(-num_slots // bs) - held
-        if max(num_new_blocks, 0) + evictable > available:
+        if max(num_new_blocks, 0) + evictable > available - reserved_blocks:
             return False
         sink = self.event_sink
         if num_hit:
@@ -278,7 +284,7 @@ class KVCacheManagerMixin(PrefixCacheMixin, DecodeBlocksMixin):
             sink.record(ALLOCATE, seq.seq_id, self.get_num_free_blocks(), (), num_slots)
         if table:
             self._seqs[seq.seq_id] = seq
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and cache:
             num_cacheable = total_computed + num_new_tokens
             if num_cacheable > seq.num_tokens:
                 num_cacheable = seq.num_tokens

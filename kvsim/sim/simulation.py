@@ -32,9 +32,11 @@ from engine.core.scheduler_output import SchedulerOutput
 from engine.core.sequence import SequenceStatus
 from engine.fast.decode import FastDecodeScheduler
 from engine.fast.fast_v1 import FastV1Scheduler
+from engine.offload.worker import OffloadWorker
 from engine.v1.prefix_keys import PrefixSource
 from kvsim.sim.executor import Executor
 from kvsim.sim.gc_passes import fewer_gc_passes
+from kvsim.sim.offload_loop import offload_engine_loop
 from kvsim.sim.records import SimResult, SimSettings
 from workloads import Request, closed_loop
 
@@ -85,6 +87,7 @@ class Simulation:
         env: simpy.Environment | None = None,
         recorder_class: type[EventRecorder] = EventRecorder,
         on_step_end: Callable[[SchedulerOutput], None] | None = None,
+        offload_worker: OffloadWorker | None = None,
     ) -> None:
         """``scheduler`` must be fresh (nothing queued); the simulation attaches its event
         recorder to it and to its BlockManager. ``prompt_tokens_of`` gives real prompt token
@@ -100,7 +103,8 @@ class Simulation:
         with ``submit`` and ``close_arrivals`` instead of ``run``; ``recorder_class`` lets
         such a caller watch the events as they are recorded, and ``on_step_end`` each step's
         output once its sequences are updated (not with the multi-step decoding of a fast
-        scheduler, whose plain decode steps make no output)."""
+        scheduler, whose plain decode steps make no output). ``offload_worker`` times the
+        transfers of a scheduler that offloads (kvsim/sim/offload_loop.py)."""
         if scheduler.has_unfinished() or scheduler.step:
             raise ValueError("the scheduler has already been used; give a fresh one")
         self.env = simpy.Environment() if env is None else env
@@ -136,6 +140,7 @@ class Simulation:
         self._running = array("q")
         v1 = scheduler.config.scheduler == "v1"
         self._cached_free = array("q") if v1 else None
+        self.offload_worker = offload_worker
         self._progress_every = progress_every_steps
         self._on_step_end = on_step_end
         self._next_progress = progress_every_steps
@@ -246,10 +251,22 @@ class Simulation:
         )
         self.close_arrivals()
 
+    def _record_step(self, out: SchedulerOutput, dt: float) -> None:
+        """Keep a scheduled step's duration and occupancy (before its update)."""
+        if out.kind is not DECODE:
+            self._prefill_at.append(len(self._durations))
+            self._prefill_tokens.append(prefill_tokens(out))
+        self._durations.append(dt)
+        self._filled.append(self.scheduler.num_cached_tokens + out.num_batched_tokens)
+        self._running.append(self.scheduler.num_running)
+        if self._cached_free is not None:
+            self._cached_free.append(self.block_manager.num_cached_free_blocks)
+
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
+        if self.offload_worker is not None:
+            yield from offload_engine_loop(self, self.offload_worker, progress)
+            return
         env, sched, executor = self.env, self.scheduler, self.executor
-        durations, filled, running = self._durations, self._filled, self._running
-        bm, cached_free = self.block_manager, self._cached_free
         plain_decodes = hasattr(sched, "run_plain_decodes") and hasattr(
             executor, "decode_step_timer"
         )
@@ -276,14 +293,7 @@ class Simulation:
                     yield self._wake
                 continue
             dt, tokens = executor.execute(out, sched)
-            if out.kind is not DECODE:
-                self._prefill_at.append(len(durations))
-                self._prefill_tokens.append(prefill_tokens(out))
-            durations.append(dt)
-            filled.append(sched.num_cached_tokens + out.num_batched_tokens)
-            running.append(sched.num_running)
-            if cached_free is not None:
-                cached_free.append(bm.num_cached_free_blocks)
+            self._record_step(out, dt)
             yield from self._advance_clock(dt)
             for seq in sched.update(out, tokens):
                 self._finish_seq(seq)

@@ -1,0 +1,72 @@
+"""The engine loop with KV offloading: the plain loop (kvsim/sim/simulation.py) plus the
+transfers of engine/offload/worker.py on the clock.
+
+    out = scheduler.schedule()                  # admissions may issue loads; stores too
+    start = worker.start_step(meta, now)        # deferred stores go; a flush may hold the step
+    completed = worker.poll(start)              # what vLLM's get_finished sees after launch
+    dt, tokens = executor.execute(out)
+    yield env.timeout(dt)
+    scheduler.update(out, tokens, completed)
+
+A step that schedules nothing while transfers are in flight takes no compute time: the clock
+moves to the next completion or arrival, whichever is first (vLLM keeps stepping while its
+connector has pending work), and that step reports what completed by then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from engine.offload.worker import OffloadWorker
+
+Progress = Any  # kvsim.sim.simulation.Progress (that module imports this one)
+
+
+def offload_engine_loop(
+    sim: Any, worker: OffloadWorker, progress: Progress | None
+) -> Generator[simpy.Event, Any, None]:
+    """``sim``'s engine loop (a kvsim.sim.simulation.Simulation) when its scheduler offloads
+    (module docstring)."""
+    env, sched, executor = sim.env, sim.scheduler, sim.executor
+    while True:
+        if not sched.has_unfinished():
+            if sim._all_submitted:
+                return
+            sim._wake = env.event()
+            yield sim._wake
+            continue
+        out = sched.schedule()
+        meta = out.connector_meta
+        assert meta is not None
+        start = worker.start_step(meta, env.now)
+        if start > env.now:
+            yield env.timeout(start - env.now)
+        if out.is_empty:
+            if not out.rejected and not out.preempted:
+                yield from _idle_until_next(sim, worker)
+            for seq in sched.update(out, [], worker.poll(env.now)):
+                sim._finish_seq(seq)
+            continue
+        completed = worker.poll(env.now)
+        dt, tokens = executor.execute(out, sched)
+        sim._record_step(out, dt)
+        yield from sim._advance_clock(dt)
+        for seq in sched.update(out, tokens, completed):
+            sim._finish_seq(seq)
+        if sim._on_step_end is not None:
+            sim._on_step_end(out)
+        sim._report(progress)
+
+
+def _idle_until_next(sim: Any, worker: OffloadWorker) -> Generator[simpy.Event, Any, None]:
+    """Nothing runs: wait for the next transfer completion or the next arrival."""
+    env = sim.env
+    sim._wake = env.event()
+    due = worker.next_completion_time()
+    if due is None:
+        yield sim._wake
+    else:
+        yield env.any_of([sim._wake, env.timeout(max(due - env.now, 0.0))])
