@@ -155,6 +155,11 @@ class RunConfig:
         default_text="the model's",
         check=at_least(1, maximum=MAX_TOKENS),
     )
+    allow_long_max_model_len: bool = option(
+        False,
+        help="Accept --max-model-len beyond the model's context as a what-if (vLLM 0.33 "
+        "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
+    )
     watermark: float | None = option(
         None,
         help="Share of blocks kept free when admitting",

@@ -28,7 +28,7 @@ from kvsim.costmodel import (
     resolve_gpu,
     resolve_model,
 )
-from kvsim.option_spec import parse_step_time
+from kvsim.option_spec import ConfigError, parse_step_time
 from kvsim.sim.allocators import ContiguousCostExecutor, build_allocator
 from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
@@ -145,14 +145,24 @@ def resolve_num_blocks(
 def resolve_max_model_len(
     config: RunConfig, model_max_len: int | None, warnings: list[str]
 ) -> int | None:
-    """``config.max_model_len``, or the model's; beyond the model's context it is a what-if,
-    accepted with a warning (the cost model extrapolates)."""
+    """``config.max_model_len``, or the model's. Beyond the model's context vLLM 0.33 refuses
+    to start (vllm/config/model.py, ``_get_and_verify_max_len``) unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; kvsim likewise raises ConfigError unless
+    ``allow_long_max_model_len``, and then runs it as a what-if with a warning (the cost model
+    extrapolates)."""
     if config.max_model_len is None:
         return model_max_len
     if model_max_len is not None and config.max_model_len > model_max_len:
+        if not config.allow_long_max_model_len:
+            raise ConfigError(
+                f"--max-model-len {config.max_model_len:,} is beyond the model's context of "
+                f"{model_max_len:,} tokens (vLLM refuses it too); pass "
+                "--allow-long-max-model-len to run it as a what-if (vLLM's "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"
+            )
         warnings.append(
             f"--max-model-len {config.max_model_len:,} is beyond the model's context of "
-            f"{model_max_len:,} tokens: simulated as a what-if"
+            f"{model_max_len:,} tokens: simulated as a what-if (--allow-long-max-model-len)"
         )
     return config.max_model_len
 
@@ -239,6 +249,8 @@ def _run_engine_mode(
     trace_path, trace = load_workload(config)
     limits = scheduling_limits(config, resolve_gpu(config.gpu))
     llm = build_llm(config, limits)
+    warnings: list[str] = []
+    resolve_max_model_len(config, llm.model_config.max_position_embeddings, warnings)
     scheduler = llm.scheduler
     block_manager = llm.block_manager
     resolved: dict[str, Any] = {
@@ -257,6 +269,8 @@ def _run_engine_mode(
             "kv_cache_bytes": llm.kv_cache.num_bytes,
         },
     }
+    if warnings:
+        resolved["warnings"] = warnings
     tokens_of = PromptTokens(llm.model_config.vocab_size, config.seed, trace.hash_block_size)
     return simulate(
         config,

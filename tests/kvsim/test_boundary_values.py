@@ -3,6 +3,7 @@ boundary with one line naming the option, exit code 2, and nothing written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -55,6 +56,45 @@ def test_the_same_limits_with_chunked_prefill_or_room_are_accepted() -> None:
     with pytest.raises(KvsimError, match="below --max-model-len"):
         RunConfig(trace=t, max_num_batched_tokens=4095, max_model_len=4096,
                   enable_chunked_prefill=False)  # fmt: skip
+
+
+def test_a_max_model_len_past_the_model_is_refused_unless_allowed(tmp_path: Path) -> None:
+    """vLLM 0.33 refuses max_model_len above the model's derived context unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py, _get_and_verify_max_len);
+    --allow-long-max-model-len is kvsim's opt-in, kept in config.json for --config reruns."""
+    line = one_error_line(
+        kvsim("run", *QUICK, "--max-model-len", "4097", "--out", tmp_path / "r"),
+        "--max-model-len 4,097 is beyond the model's context of 4,096 tokens",
+        "--allow-long-max-model-len",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+    )
+    assert line and os.listdir(tmp_path) == []
+    at_limit = kvsim("run", *QUICK, "--max-model-len", "4096", "--out", tmp_path / "r")
+    assert at_limit.exit_code == 0 and "what-if" not in at_limit.output, at_limit.output
+    allowed = tmp_path / "a"
+    result = kvsim("run", *QUICK, "--max-model-len", "4097", "--allow-long-max-model-len",
+                   "--out", allowed)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "beyond the model's context of 4,096 tokens: simulated as a what-if" in result.output
+    config = json.loads((allowed / "config.json").read_text())
+    assert config["options"]["allow_long_max_model_len"] is True
+    assert config["resolved"]["max_model_len"] == 4097
+    again = kvsim("run", "--config", allowed / "config.json", "--out", tmp_path / "b")
+    assert again.exit_code == 0, again.output
+
+
+def test_max_model_len_1_is_accepted_as_vllm_accepts_it(tmp_path: Path) -> None:
+    """vLLM's only floor is max_model_len >= 1 (ModelConfig's validator), so kvsim keeps
+    accepting 1: every request is rejected (no room for one output token), each counted."""
+    out = tmp_path / "r"
+    result = kvsim("run", "--until", "5", "--no-plots", "--max-model-len", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_requests"] > 0 and summary["num_finished"] == 0
+    assert summary["num_rejected"] == summary["num_requests"]
+    assert "leaves no room for an output token within max_model_len 1" in result.output
+    with pytest.raises(KvsimError, match="max_model_len must be"):
+        RunConfig(trace="azure_llm_2023_conv", max_model_len=0)
 
 
 @pytest.mark.parametrize(

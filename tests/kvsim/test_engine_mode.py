@@ -111,3 +111,21 @@ def test_engine_mode_with_a_tiny_pool_preempts_rejects_and_still_finishes(tiny_t
     assert result.summary["num_preemptions"] > 0
     assert status["c"] == "rejected"
     assert (status.drop("c") == "finished").all()
+
+
+def test_engine_mode_refuses_a_max_model_len_past_the_model_unless_allowed(tiny_trace):
+    """As in cost mode and vLLM: past the checkpoint's max_position_embeddings (4,096 for
+    tiny-llama) only with --allow-long-max-model-len, and then with a warning."""
+    from kvsim.option_spec import ConfigError
+
+    path, _ = tiny_trace
+    config = RunConfig(
+        trace=str(path), mode="engine", model="tiny-llama", block_size=4, num_blocks=64,
+        max_model_len=5000,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="beyond the model's context of 4,096 tokens"):
+        run(config)
+    result = run(config.replace(allow_long_max_model_len=True))
+    assert (result.requests["status"] == "finished").all()
+    assert result.resolved["max_model_len"] == 5000
+    assert any("simulated as a what-if" in w for w in result.resolved["warnings"])

@@ -74,7 +74,8 @@ def test_the_simulator_with_the_references_clock_counts_what_vllm_counted(
         trace=str(trace), model="llama-3.1-8b", gpu="h100-sxm",
         num_blocks=cc["num_gpu_blocks"] - 1, block_size=cc["block_size"],
         max_num_seqs=sc["max_num_seqs"], max_num_batched_tokens=sc["max_num_batched_tokens"],
-        max_model_len=config["max_model_len"], step_time="linear:0.005:1e-5",
+        max_model_len=config["max_model_len"], allow_long_max_model_len=True,
+        step_time="linear:0.005:1e-5",
     )  # fmt: skip
     s = run(run_config).summary
     assert s["prefix_cache_queries"] == vllm["vllm_prefix_cache_queries"]

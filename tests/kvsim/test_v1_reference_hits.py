@@ -50,6 +50,7 @@ def simulate(trace: Path, num_blocks: int, step_time: str | None) -> dict[str, A
         max_num_seqs=LIMITS["max_num_seqs"],
         max_num_batched_tokens=LIMITS["max_num_batched_tokens"],
         max_model_len=LIMITS["max_model_len"],
+        allow_long_max_model_len=True,  # 200,000: past the model's 131,072, as the golden ran
         step_time=step_time,
     )
     return run(config, keep_events=False).summary

@@ -58,10 +58,13 @@ def test_classic_keeps_its_own_defaults(tmp_path: Path) -> None:
 
 
 def test_what_if_pool_and_context_are_accepted_with_one_warning_each(tmp_path: Path) -> None:
+    """A context past the model's needs --allow-long-max-model-len, as vLLM needs
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (tests/kvsim/test_boundary_values.py: refused without)."""
     out = tmp_path / "run"
     result = kvsim(
         "run", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--num-blocks", "200000",
-        "--max-model-len", "200000", "--until", "5", "--no-plots", "--out", out,
+        "--max-model-len", "200000", "--allow-long-max-model-len", "--until", "5",
+        "--no-plots", "--out", out,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("warning: ")]
@@ -130,7 +133,7 @@ def test_a_prompt_longer_than_the_token_budget_is_chunked_not_rejected(tmp_path:
         out = tmp_path / scheduler
         result = kvsim(
             "run", trace, "--scheduler", scheduler, "--max-num-batched-tokens", "8192",
-            "--max-model-len", "32768", "--no-plots", "--out", out,
+            "--max-model-len", "32768", "--allow-long-max-model-len", "--no-plots", "--out", out,
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         summary = json.loads((out / "summary.json").read_text())
