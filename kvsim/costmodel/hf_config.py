@@ -74,13 +74,37 @@ def _check_rope_scaling(value: object, source: str) -> None:
         )
 
 
+# RoPE types whose max_position_embeddings is already the scaled context: vLLM 0.33
+# (vllm/config/model.py, _get_and_verify_max_len) multiplies the others' by rope_scaling.factor.
+_PRESCALED_ROPE = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
+
+
+def _context_len(config: dict[str, object], model_type: str, source: str) -> int:
+    """The model's longest sequence as vLLM derives it (the limit ``--max-model-len`` may not
+    pass without ``--allow-long-max-model-len``): ``model_max_length`` where given, else
+    ``max_position_embeddings``, times rope_scaling's ``factor`` for the RoPE types that
+    scale it (linear, dynamic, ...; not gemma3, whose context is already scaled)."""
+    context = float(_required_int(config, ("max_position_embeddings",), source))
+    if config.get("model_max_length") is not None:
+        context = float(_required_int(config, ("model_max_length",), source))
+    rope = config.get("rope_scaling")
+    if isinstance(rope, dict) and "gemma3" not in model_type:
+        kind = rope.get("rope_type", rope.get("type"))
+        factor = rope.get("factor")
+        if kind not in _PRESCALED_ROPE and isinstance(factor, (int, float)):
+            context *= factor
+    return max(1, int(context))
+
+
 def model_spec_from_hf_config(
     path: str | Path, *, name: str | None = None, num_params: int | None = None
 ) -> ModelSpec:
     """Read ``path`` (a config.json, or a folder holding one) into a ModelSpec.
 
     ``num_params`` defaults to :func:`estimate_num_params` (embeddings + layers + LM head unless
-    tied); ``max_model_len`` is ``max_position_embeddings``.
+    tied); ``max_model_len`` is the context vLLM derives (``_context_len``).
     """
     path = Path(path)
     if path.is_dir():
@@ -116,7 +140,7 @@ def model_spec_from_hf_config(
         config, ("ffn_dim",) if is_opt else ("intermediate_size",), source
     )
     vocab_size = _required_int(config, ("vocab_size",), source)
-    max_model_len = _required_int(config, ("max_position_embeddings",), source)
+    max_model_len = _context_len(config, model_type, source)
     # OPT ties its LM head to the embeddings (PretrainedConfig default); llama-likes do not.
     tie = config.get("tie_word_embeddings", is_opt)
     if not isinstance(tie, bool):

@@ -250,3 +250,24 @@ def test_resolve_model_by_preset_path_or_error(tmp_path: Path) -> None:
     assert resolve_model(str(tmp_path)).num_layers == 32
     with pytest.raises(CostModelError, match=r"unknown model 'gpt-5'.*llama-2-7b"):
         resolve_model("gpt-5")
+
+
+@pytest.mark.parametrize(
+    ("extra", "context"),
+    [
+        ({}, 4096),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, 8192),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 1.5}}, 6144),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 4096),  # already scaled
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 4096),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "model_type": "gemma3"}, 4096),
+        ({"model_max_length": 16384}, 16384),
+    ],
+)
+def test_hf_context_is_the_one_vllm_derives(
+    tmp_path: Path, extra: dict[str, object], context: int
+) -> None:
+    """vLLM 0.33's _get_and_verify_max_len: the limit --max-model-len may not pass without
+    --allow-long-max-model-len (and the default max_model_len)."""
+    spec = model_spec_from_hf_config(_write(tmp_path, {**LLAMA_2_7B_CONFIG, **extra}))
+    assert spec.max_model_len == context
