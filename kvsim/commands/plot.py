@@ -281,6 +281,20 @@ def animate_command(
     except DRAW_ERRORS as exc:
         fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
     say("wrote ", out, f" ({frames} frames)")
+    _say_if_still(run, t_from, t_to)
+
+
+def _say_if_still(run: Any, t_from: float | None, t_to: float | None) -> None:
+    """One line when the window holds no event: the frames are one unchanging pool."""
+    from kvsim.plots.animation import events_in_window
+
+    lo = 0.0 if t_from is None else t_from
+    hi = float(run.summary["sim_duration_s"]) if t_to is None else t_to
+    if events_in_window(run.events, lo, hi) == 0:
+        say(
+            f"no events from {lo:g} s to {hi:g} s: the pool did not change, so every frame "
+            f"shows it as it stood at {lo:g} s"
+        )
 
 
 def report_command(

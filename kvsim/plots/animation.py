@@ -122,6 +122,29 @@ def animate_occupancy(
     return out
 
 
+def events_in_window(events: pd.DataFrame, lo: float, hi: float) -> int:
+    """How many events fall in [lo, hi] (s): none means every frame shows the same pool."""
+    t = events["time_s"].to_numpy()
+    return int(np.count_nonzero((t >= lo) & (t <= hi)))
+
+
+def free_blocks_over(
+    events: pd.DataFrame, num_blocks: int, lo: float, hi: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Free blocks over [lo, hi] as step points (times s, counts): the count the window
+    starts with (the last event's before ``lo``; all blocks before the first event), each
+    event's in the window (thinned), and the last count held to ``hi``. A window without
+    events is one flat line, not an empty panel."""
+    t = events["time_s"].to_numpy()
+    before = np.flatnonzero(t < lo)
+    start = int(events["free_blocks"].iloc[before[-1]]) if len(before) else num_blocks
+    inside = thin(events[(t >= lo) & (t <= hi)])
+    times = np.concatenate([[lo], inside["time_s"].to_numpy(dtype=float), [hi]])
+    counts = inside["free_blocks"].to_numpy(dtype=float)
+    last = counts[-1] if len(counts) else start
+    return times, np.concatenate([[start], counts, [last]])
+
+
 def _figure(events: pd.DataFrame, num_blocks: int, lo: float, hi: float) -> tuple[Any, ...]:
     fig, (pool_ax, free_ax) = plt.subplots(
         2, 1, figsize=(8, 5.5), height_ratios=(3, 1), layout="constrained"
@@ -140,8 +163,8 @@ def _figure(events: pd.DataFrame, num_blocks: int, lo: float, hi: float) -> tupl
         f"{num_blocks:,} blocks, row by row" + (f", {per_cell} per cell" if per_cell > 1 else "")
     )
     title = pool_ax.set_title("")
-    e = thin(events[(events["time_s"] >= lo) & (events["time_s"] <= hi)])
-    free_ax.step(e["time_s"], e["free_blocks"], where="post", color=COLORS["filled"], lw=0.8)
+    t, free = free_blocks_over(events, num_blocks, lo, hi)
+    free_ax.step(t, free, where="post", color=COLORS["filled"], lw=0.8)
     free_ax.set_xlim(lo, hi)
     free_ax.set_ylim(0, num_blocks * 1.05)
     free_ax.set_ylabel("free blocks")

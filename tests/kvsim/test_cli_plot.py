@@ -79,6 +79,38 @@ def test_animate_writes_a_gif(run_dir: Path, tmp_path: Path) -> None:
         assert gif.n_frames == 4
 
 
+def test_animate_over_a_window_without_events_shows_the_still_pool(tmp_path: Path) -> None:
+    """A window inside the run where nothing happens is a well-defined animation: every
+    frame the pool as it stood when the window opened, the free-blocks line flat at the
+    count of the last event before it (not an empty panel), and one line saying so."""
+    import numpy as np
+    import pandas as pd
+
+    from kvsim.plots.animation import free_blocks_over
+
+    run = tmp_path / "run"
+    made = kvsim("run", "azure_llm_2023_conv_first_2min", "--until", "20", "--no-plots",
+                 "--out", run)  # fmt: skip
+    assert made.exit_code == 0, made.output
+    events = pd.read_parquet(run / "events.parquet")
+    times = np.sort(events["time_s"].unique())
+    gap = int(np.argmax(np.diff(times)))
+    lo, hi = times[gap] + 0.01, times[gap + 1] - 0.01
+    assert hi - lo > 1.0  # a real gap: no event for over a second
+    out = tmp_path / "still.gif"
+    result = kvsim("animate", run, "-o", out, "--from", lo, "--to", hi, "--frames", "3")
+    assert result.exit_code == 0, result.output
+    assert f"no events from {lo:g} s to {hi:g} s" in result.stdout
+    with Image.open(out) as gif:
+        assert gif.n_frames == 3
+    t, free = free_blocks_over(events, 1000, float(lo), float(hi))
+    before = events[events["time_s"] <= times[gap]]["free_blocks"].iloc[-1]
+    assert t.tolist() == [lo, hi] and free.tolist() == [before, before]
+    busy = kvsim("animate", run, "-o", tmp_path / "busy.gif", "--to", times[gap] + 0.01,
+                 "--frames", "2")  # fmt: skip
+    assert busy.exit_code == 0 and "no events" not in busy.stdout, busy.output
+
+
 def test_animate_refuses_what_it_cannot_write(run_dir: Path, tmp_path: Path) -> None:
     assert_one_error_line(kvsim("animate", run_dir, "-o", tmp_path / "a.avi"), ".gif or an .mp4")
     assert_one_error_line(
