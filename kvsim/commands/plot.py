@@ -15,6 +15,15 @@ from typing import Annotated, Any
 import typer
 
 from kvsim.commands.console import Command, fail, say
+from kvsim.commands.fleet_plot import (
+    FLEET_PICTURE_NAMES,
+    draw_fleet,
+    fleet_names,
+    fleet_pngs,
+    is_fleet,
+    no_events_line,
+    skipped_line,
+)
 from kvsim.errors import KvsimError
 
 RunDir = Annotated[
@@ -113,6 +122,8 @@ def _read(
 
 
 def _needs_events(run: Any, what: str) -> None:
+    if run.events is None and is_fleet(run):
+        fail(no_events_line(run, what))
     if run.events is None:
         fail(
             f"{run.path}: {what} needs events.parquet, which this run folder does not have "
@@ -126,8 +137,11 @@ def picture_names(what: list[str] | None) -> list[str] | None:
         return None
     names = [n.strip() for item in what for n in item.split(",")]
     for name in names:
-        if name not in PICTURE_NAMES:
-            fail(f"--what: no picture named {name!r}; pictures: {', '.join(PICTURE_NAMES)}")
+        if name not in PICTURE_NAMES + FLEET_PICTURE_NAMES:
+            fail(
+                f"--what: no picture named {name!r}; pictures: {', '.join(PICTURE_NAMES)} "
+                f"(a fleet's: {', '.join(FLEET_PICTURE_NAMES)})"
+            )
     return list(dict.fromkeys(names))
 
 
@@ -139,7 +153,8 @@ def plot_command(
             "--what",
             "-w",
             metavar="NAME[,NAME...]",
-            help=f"Pictures to draw: {', '.join(PICTURE_NAMES)} (comma-separated or repeated).",
+            help=f"Pictures to draw: {', '.join(PICTURE_NAMES)}; a fleet's: "
+            f"{', '.join(FLEET_PICTURE_NAMES)} (comma-separated or repeated).",
             show_default="all",
         ),
     ] = None,
@@ -163,16 +178,22 @@ def plot_command(
     latency CDFs, batch size; a v1 run's prefix-cache hit rate and prompt tokens too.
 
     Reads RUN_DIR's tables, so any picture can be redrawn over any time window. A run folder
-    without events.parquet (a sweep point) gets the pictures that need no events."""
+    without events.parquet (a sweep point) gets the pictures that need no events; a fleet's,
+    its fleet pictures (load, hit rate, imbalance per replica) over the whole run."""
     from kvsim.plots import NEEDS_EVENTS
 
     names = picture_names(what)
     run = _read(run_dir, t_from, t_to, whole_events=False)
+    fleet = is_fleet(run)
+    if fleet:
+        names = fleet_names(run, names, t_from, t_to)
     for name in names or []:
+        if name in FLEET_PICTURE_NAMES and not fleet:
+            fail(f"{run_dir}: {name} is a fleet's picture, and this run has one replica")
         if name in NEEDS_EVENTS:
             _needs_events(run, f"the {name} picture")
     try:
-        paths = _draw_pictures(run, run_dir, out, names, force, t_from, t_to)
+        paths = _draw_pictures(run, run_dir, out, names, force, t_from, t_to, fleet)
     except KvsimError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -181,7 +202,9 @@ def plot_command(
         fail(f"{run_dir}: cannot draw its tables (edited by hand?): {type(exc).__name__}: {exc}")
     for path in paths:
         say("wrote ", path)
-    if names is None and run.events is None:
+    if fleet and what is None:
+        say(skipped_line(run, PICTURE_NAMES))
+    elif names is None and run.events is None:
         say(
             f"skipped {', '.join(NEEDS_EVENTS)}: no events.parquet; "
             + NO_EVENTS_HINT.format(run=run_dir)
@@ -196,9 +219,11 @@ def _draw_pictures(
     force: bool,
     t_from: float | None,
     t_to: float | None,
+    fleet: bool = False,
 ) -> list[Path]:
     """Draw into RUN_DIR/plots (each picture a file of the run folder, replaced only if kvsim
-    wrote it, and listed in the folder's manifest), or into the new folder ``out``."""
+    wrote it, and listed in the folder's manifest), or into the new folder ``out``; a fleet's
+    pictures with ``fleet`` (``names`` then names fleet pictures)."""
     import shutil
     import tempfile
 
@@ -206,15 +231,20 @@ def _draw_pictures(
     from kvsim.plots import write_pictures
     from kvsim.plots.side_by_side import picture_workers
 
+    def draw(folder: Path) -> list[Path]:
+        if fleet:
+            return draw_fleet(run, folder, names or list(FLEET_PICTURE_NAMES))
+        workers = picture_workers()
+        return write_pictures(run, folder, names, t_from=t_from, t_to=t_to, workers=workers)
+
     default = run_dir / "plots"
-    workers = picture_workers()
     if out is not None and not _same_place(out, default):
         kind = FolderKind("pictures folder", "", "", frozenset())
         with output_folder(out, kind, force=force) as tmp:
-            drawn = write_pictures(run, tmp, names, t_from=t_from, t_to=t_to, workers=workers)
+            drawn = draw(tmp)
         return [out / p.name for p in drawn]
     with tempfile.TemporaryDirectory(prefix="kvsim-plot-") as scratch:
-        drawn = write_pictures(run, Path(scratch), names, t_from=t_from, t_to=t_to, workers=workers)
+        drawn = draw(Path(scratch))
         for path in drawn:  # every target checked before any is written
             check_output_file(default / path.name, force=force, default=True)
         for path in drawn:
@@ -320,16 +350,23 @@ def report_command(
     run = _read(run_dir, t_from, t_to, whole_events=False)
     path = out or run_dir / "report.html"
     title = f"kvsim run: {run.path.name} ({run.config.trace})"
+    names = None
+    if is_fleet(run):  # its own pictures, as kvsim run's report of a fleet (docs/fleet.md)
+        names = fleet_names(run, None, t_from, t_to)
+        title = f"kvsim fleet: {run.path.name} ({run.config.trace})"
     try:
-        # the pictures drawn side by side first (the same bytes the report would draw)
-        with tempfile.TemporaryDirectory(prefix="kvsim-report-") as drawn:
-            paths = write_pictures(
-                run, Path(drawn), t_from=t_from, t_to=t_to, workers=picture_workers()
-            )
-            pngs = read_pngs(paths)
+        if names is not None:
+            pngs = fleet_pngs(run)
+        else:  # the pictures drawn side by side first (the same bytes the report would draw)
+            with tempfile.TemporaryDirectory(prefix="kvsim-report-") as drawn:
+                paths = write_pictures(
+                    run, Path(drawn), t_from=t_from, t_to=t_to, workers=picture_workers()
+                )
+                pngs = read_pngs(paths)
         _write_file(
             path, out is None, force, run_dir,
-            lambda tmp: write_report(run, tmp, title=title, t_from=t_from, t_to=t_to, pngs=pngs),
+            lambda tmp: write_report(run, tmp, title=title, names=names, t_from=t_from,
+                                     t_to=t_to, pngs=pngs),
         )  # fmt: skip
     except KvsimError as exc:
         fail(str(exc))

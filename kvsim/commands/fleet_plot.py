@@ -1,0 +1,85 @@
+"""``kvsim plot`` and ``kvsim report`` over a fleet's run folder (docs/fleet.md).
+
+A fleet's tables hold every replica's steps and requests (a ``replica`` column) and it keeps no
+events.parquet, so the one-replica pictures would mix the replicas' pools and the ones that need
+events have nothing to draw from. These commands draw the fleet's own pictures instead, as
+``kvsim run`` does, and say so in one line; asking for a one-replica picture, or for a time
+window (the fleet's pictures span the whole run), is one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvsim.commands.console import fail
+
+# kvsim.plots.fleet.FLEET_PICTURES' names (kept here so that ``kvsim --help`` does not import
+# matplotlib; a test holds them equal).
+FLEET_PICTURE_NAMES = ("fleet-load", "fleet-hit-rate", "fleet-imbalance")
+
+
+def is_fleet(run: Any) -> bool:
+    """Whether the run folder ``run`` (kvsim.outputs.run_folder.RunFolder) is a fleet's."""
+    return "replica" in run.steps.columns
+
+
+def _replicas(run: Any) -> int:
+    return int(run.config.replicas)
+
+
+def fleet_names(
+    run: Any, names: list[str] | None, t_from: float | None, t_to: float | None
+) -> list[str]:
+    """The fleet pictures to draw for ``--what`` ``names`` (None: all), after the checks."""
+    if t_from is not None or t_to is not None:
+        fail(
+            f"{run.path}: a fleet run's pictures span the whole run (--from/--to window one "
+            "replica's run only): drop --from/--to"
+        )
+    for name in names or []:
+        if name not in FLEET_PICTURE_NAMES:
+            fail(
+                f"{run.path}: a fleet run ({_replicas(run)} replicas) has no {name} picture: its "
+                "tables mix the replicas and it keeps no events.parquet; its pictures: "
+                + ", ".join(FLEET_PICTURE_NAMES)
+            )
+    return list(names or FLEET_PICTURE_NAMES)
+
+
+def draw_fleet(run: Any, folder: Path, names: list[str]) -> list[Path]:
+    """The fleet pictures ``names`` as PNGs in ``folder`` (kvsim.plots.fleet's files)."""
+    from kvsim.plots.fleet import FLEET_PICTURES, write_fleet_plots
+
+    wanted = {FLEET_PICTURES[n] for n in names}
+    with tempfile.TemporaryDirectory(prefix="kvsim-fleet-") as scratch:
+        drawn = write_fleet_plots(run.steps, run.requests, run.summary, Path(scratch))
+        kept = [folder / p.name for p in drawn if p.name in wanted]
+        for path in kept:
+            shutil.copyfile(Path(scratch) / path.name, path)
+    return kept
+
+
+def fleet_pngs(run: Any) -> dict[str, bytes]:
+    """Every fleet picture as PNG bytes by name (for report.html, as kvsim run embeds them)."""
+    with tempfile.TemporaryDirectory(prefix="kvsim-fleet-") as folder:
+        paths = draw_fleet(run, Path(folder), list(FLEET_PICTURE_NAMES))
+        return {p.stem.replace("_", "-"): p.read_bytes() for p in paths}
+
+
+def skipped_line(run: Any, one_replica_names: tuple[str, ...]) -> str:
+    """What ``kvsim plot`` of a fleet did not draw, and why."""
+    return (
+        f"skipped the one-replica pictures ({', '.join(one_replica_names)}): a fleet's "
+        f"tables mix its {_replicas(run)} replicas and it keeps no events.parquet (docs/fleet.md)"
+    )
+
+
+def no_events_line(run: Any, what: str) -> str:
+    """Why ``what`` (kvsim animate, export-trace) cannot read a fleet's run folder."""
+    return (
+        f"{run.path}: {what} needs events.parquet, and a fleet run ({_replicas(run)} replicas) "
+        "keeps none (docs/fleet.md); a one-replica run (--replicas 1) keeps its events"
+    )
