@@ -38,6 +38,7 @@ from kvsim.sim.engine_mode import (
     build_llm,
 )
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
+from kvsim.sim.offload_setup import OffloadSetup, build_offload
 from kvsim.sim.records import SimSettings
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, Simulation
 from kvsim.sim.unarrived import unarrived_warning
@@ -196,6 +197,7 @@ def run(
     num_blocks, plan = resolve_num_blocks(config, cost_model, limits, warnings)
     executor = build_executor(config, cost_model)
     max_model_len = resolve_max_model_len(config, cost_model.model.max_model_len, warnings)
+    offload = build_offload(config, cost_model)
     resolved = {
         "trace_path": str(trace_path),
         "trace_path_absolute": str(trace_path.resolve()),
@@ -210,6 +212,8 @@ def run(
         "step_time": executor.describe() if isinstance(executor, LinearStepExecutor) else None,
         "warnings": warnings,
     }
+    if offload is not None:  # absent without offload: such a run's folder is as before
+        resolved["offload"] = offload.describe()
     if config.replicas > 1:
         from kvsim.fleet.run import simulate_fleet  # a one-replica run need not import it
 
@@ -225,7 +229,12 @@ def run(
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
         events_path=events_path, keep_events=keep_events, on_start=on_start, limits=limits,
+        offload=offload,
     )  # fmt: skip
+
+
+def _offload_option(offload: OffloadSetup | None) -> dict[str, Any]:
+    return {} if offload is None else {"offload": offload.engine_config}
 
 
 def build_executor(config: RunConfig, cost_model: CostModel) -> Executor:
@@ -303,10 +312,11 @@ def simulate(
     keep_events: bool = True,
     on_start: Callable[[int], None] | None = None,
     limits: SchedulingLimits | None = None,
+    offload: OffloadSetup | None = None,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
     and BlockManager built from ``config``, ``limits``, ``num_blocks`` and
-    ``max_model_len``)."""
+    ``max_model_len``, with ``offload``'s tier behind its prefix cache)."""
     placeholder_tokens = getattr(executor, "placeholder_tokens", False)
     compiled = False
     if scheduler is None:
@@ -318,9 +328,12 @@ def simulate(
                 config.allocator, num_blocks, config.block_size, limits.watermark, max_model_len,
                 enable_prefix_caching=config.caches_prefixes(),
             ),
-            fast=config.fast_decode and placeholder_tokens,
+            fast=config.fast_decode and placeholder_tokens and offload is None,
+            **_offload_option(offload),
         )  # fmt: skip
-        compiled = compiled_v1_applies(scheduler, executor, config.fast_decode)
+        compiled = offload is None and compiled_v1_applies(
+            scheduler, executor, config.fast_decode
+        )
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
         prefix_of = prefix_source_of(trace, config.block_size)
@@ -381,6 +394,8 @@ def simulate(
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}
     )
+    if offload is not None:
+        options["offload_worker"] = offload.worker()
     sim = (CompiledV1Simulation if compiled else Simulation)(
         trace.requests,
         scheduler,

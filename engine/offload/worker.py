@@ -58,14 +58,19 @@ class OffloadWorker:
     def start_step(self, meta: ConnectorMeta, now: float) -> float:
         """Steps 1-2 of the module docstring for a step starting at ``now`` (s); returns when
         its forward pass starts (s): ``now``, or later when it waits for a flush."""
+        # Completions before ``now`` first: the link's clock may not pass them unseen.
+        self._collect(now)
         flush = meta.jobs_to_flush
         stores_now = [job for job in meta.store_jobs if job.job_id in flush]
         for job in self._deferred + stores_now:
             self._submit(job, now)
         self._deferred = [job for job in meta.store_jobs if job.job_id not in flush]
         start = now
-        waiting = {job_id for job_id in flush if job_id in self.timings}
-        waiting.difference_update(j for j in waiting if self.timings[j].completed_s is not None)
+        waiting = {
+            job_id
+            for job_id in flush
+            if job_id in self.timings and self.timings[job_id].completed_s is None
+        }
         while waiting:
             t = self.link.next_completion_time()
             if t is None:
@@ -73,6 +78,7 @@ class OffloadWorker:
             start = max(start, t)
             self._collect(t)
             waiting.difference_update(self._completed)
+        self._collect(start)
         for job in meta.load_jobs:
             self._submit(job, start)
         return start

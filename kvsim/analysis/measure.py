@@ -10,10 +10,16 @@ import numpy as np
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown
 from kvsim.analysis.metrics import requests_table, steps_table, summarize
-from kvsim.analysis.prefix_metrics import admissions, prefix_cache_summary
+from kvsim.analysis.offload_metrics import offload_request_columns, offload_summary
+from kvsim.analysis.prefix_metrics import (
+    Admissions,
+    admissions,
+    prefix_cache_summary,
+    request_columns,
+)
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig
-from kvsim.sim.records import SimResult
+from kvsim.sim.records import OffloadRecords, SimResult
 
 
 def measure(
@@ -35,9 +41,38 @@ def measure(
         adm = admissions(result.recorder.columns()[0], prompt)
         prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
     requests = requests_table(result, steps, adm)
+    offload = result.offload
+    if offload is not None and adm is not None and prefix_cache is not None:
+        _add_offload_columns(result, offload, adm, requests, steps, prefix_cache)
     summary = summarize(
         result, requests, steps,
         closed_loop=config.concurrency is not None, measured=config.mode == "engine",
         prefix_cache=prefix_cache,
     )  # fmt: skip
     return requests, steps, summary
+
+
+def _add_offload_columns(
+    result: SimResult,
+    offload: OffloadRecords,
+    adm: Admissions,
+    requests: Table,
+    steps: Table,
+    prefix_cache: dict[str, Any],
+) -> None:
+    """An offloading run's requests and steps columns and summary section
+    (kvsim/analysis/offload_metrics.py)."""
+    n = len(result.requests)
+    loaded = request_columns(adm, n, offload=True)["offload_hit_tokens"]
+    requests.insert_after("prefix_hit_tokens", "offload_hit_tokens", loaded)
+    columns = offload_request_columns(
+        result.recorder.columns()[0], offload, n, requests["admit_time_s"]
+    )
+    after = "queueing_delay_s"
+    for name, values in columns.items():
+        requests.insert_after(after, name, values)
+        after = name
+    steps["offload_tier_chunks"] = offload.step_tier_chunks[: len(steps)]
+    prefix_cache["offload"] = offload_summary(
+        adm, offload, columns["offload_load_wait_s"], result.block_size
+    )

@@ -64,6 +64,8 @@ class Admissions:
     resumed: np.ndarray
     num_tokens: np.ndarray
     hit_tokens: np.ndarray
+    # Tokens loaded from a KV offload tier for this admission (0 without offloading).
+    offload_tokens: np.ndarray
 
 
 def admissions(cols: Columns, prompt_tokens: np.ndarray) -> Admissions:
@@ -84,39 +86,73 @@ def admissions(cols: Columns, prompt_tokens: np.ndarray) -> Admissions:
             cols["num_tokens"][is_pre].astype(np.int64),
             fill=0,
         )
+    lookup_step, offload_tokens = _loads_before(cols, is_admit, a_step)
     hit = np.zeros(len(a_seq), dtype=np.int64)
     is_hit = kind == EventKind.PREFIX_HIT
     if is_hit.any():
-        # an admission's PREFIX_HIT is the same sequence's, in the same step
+        # an admission's PREFIX_HIT is the same sequence's, in the step of its lookup
         hit = _look_up(
-            _pair_keys(a_seq, a_step),
+            _pair_keys(a_seq, lookup_step),
             _pair_keys(seq[is_hit], step[is_hit]),
             cols["num_tokens"][is_hit].astype(np.int64),
             fill=0,
         )
-    return Admissions(a_seq, resumed, num_tokens, hit)
+    return Admissions(a_seq, resumed, num_tokens, hit, offload_tokens)
 
 
-def request_columns(adm: Admissions, num_requests: int) -> dict[str, np.ndarray]:
+def _loads_before(
+    cols: Columns, is_admit: np.ndarray, a_step: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per admission: the step of its prefix lookup and the tokens it loaded from an offload
+    tier. An admission that waited for a load (OFFLOAD_LOAD, then ADMIT or RESUME once it
+    runs) looked its prefix up when the load was issued; any other looked up when admitted."""
+    kind, seq = cols["kind"], cols["seq_id"].astype(np.int64)
+    is_load = kind == EventKind.OFFLOAD_LOAD
+    lookup_step, loaded = a_step.copy(), np.zeros(len(a_step), dtype=np.int64)
+    if not is_load.any():
+        return lookup_step, loaded
+    admit_rows, load_rows = np.flatnonzero(is_admit), np.flatnonzero(is_load)
+    rows = np.concatenate([admit_rows, load_rows])
+    is_load_row = np.r_[np.zeros(len(admit_rows), bool), np.ones(len(load_rows), bool)]
+    order = np.lexsort((rows, seq[rows]))  # by sequence, then in event order
+    rows, is_load_row = rows[order], is_load_row[order]
+    same_seq = seq[rows[1:]] == seq[rows[:-1]]
+    after_load = np.flatnonzero(~is_load_row[1:] & is_load_row[:-1] & same_seq) + 1
+    at = np.searchsorted(admit_rows, rows[after_load])  # index among the admissions
+    lookup_step[at] = cols["step"][rows[after_load - 1]]
+    loaded[at] = cols["num_tokens"][rows[after_load - 1]]
+    return lookup_step, loaded
+
+
+def request_columns(
+    adm: Admissions, num_requests: int, *, offload: bool = False
+) -> dict[str, np.ndarray]:
     """requests.parquet's v1 columns: ``prefix_hit_tokens`` (served from the cache at the
     first admission), ``resumed_hit_tokens`` (at admissions after a preemption, summed) and
     ``prompt_tokens_recomputed`` (computed again after a preemption: the tokens each resumed
-    admission covered less its hits, summed)."""
+    admission covered less its hits, summed); with ``offload``, ``offload_hit_tokens``
+    (loaded from the offload tier at the first admission)."""
     first = ~adm.resumed
     hit_first = np.zeros(num_requests, dtype=np.int64)
     hit_first[adm.seq_id[first]] = adm.hit_tokens[first]
+    offload_columns: dict[str, np.ndarray] = {}
+    if offload:
+        loaded_first = np.zeros(num_requests, dtype=np.int64)
+        loaded_first[adm.seq_id[first]] = adm.offload_tokens[first]
+        offload_columns["offload_hit_tokens"] = loaded_first
     resumed_hits = np.bincount(
         adm.seq_id[adm.resumed], weights=adm.hit_tokens[adm.resumed], minlength=num_requests
     )
     recomputed = np.bincount(
         adm.seq_id[adm.resumed],
-        weights=(adm.num_tokens - adm.hit_tokens)[adm.resumed],
+        weights=(adm.num_tokens - adm.hit_tokens - adm.offload_tokens)[adm.resumed],
         minlength=num_requests,
     )
     return {
         "prefix_hit_tokens": hit_first,
         "resumed_hit_tokens": resumed_hits[:num_requests].astype(np.int64),
         "prompt_tokens_recomputed": recomputed[:num_requests].astype(np.int64),
+        **offload_columns,
     }
 
 
@@ -131,7 +167,7 @@ def prefix_cache_summary(
     hits = int(adm.hit_tokens[first].sum())
     preempted_queries = int(adm.num_tokens[adm.resumed].sum()) if caching else 0
     preempted_hits = int(adm.hit_tokens[adm.resumed].sum())
-    recomputed = int((adm.num_tokens - adm.hit_tokens)[adm.resumed].sum())
+    recomputed = int((adm.num_tokens - adm.hit_tokens - adm.offload_tokens)[adm.resumed].sum())
     residency = tuple(distribution(np.zeros(0)) for _ in range(3))
     if caching and block_states is not None:
         residency = block_states.residency.distributions()
@@ -148,7 +184,9 @@ def prefix_cache_summary(
             "resumed_after_preemption": preempted_hits,
         },
         "prompt_tokens_cached": hits,
-        "prompt_tokens_computed": int(adm.num_tokens[first].sum()) - hits,
+        "prompt_tokens_computed": int(adm.num_tokens[first].sum())
+        - hits
+        - int(adm.offload_tokens[first].sum()),
         "prompt_tokens_recomputed": recomputed,
         "prefix_cache_evictions": block_states.num_evictions
         if caching and block_states is not None

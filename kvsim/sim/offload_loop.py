@@ -15,6 +15,7 @@ connector has pending work), and that step reports what completed by then.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Generator
 from typing import Any
 
@@ -25,8 +26,21 @@ from engine.offload.worker import OffloadWorker
 Progress = Any  # kvsim.sim.simulation.Progress (that module imports this one)
 
 
+class TierTrace:
+    """The tier's occupancy at each executed step (aligned with the simulation's steps)."""
+
+    def __init__(self) -> None:
+        self.chunks = array("q")
+        self.evictions = array("q")
+
+    def record(self, sched: Any) -> None:
+        manager = sched.connector.manager
+        self.chunks.append(manager.num_held)
+        self.evictions.append(manager.num_evicted)
+
+
 def offload_engine_loop(
-    sim: Any, worker: OffloadWorker, progress: Progress | None
+    sim: Any, worker: OffloadWorker, trace: TierTrace, progress: Progress | None
 ) -> Generator[simpy.Event, Any, None]:
     """``sim``'s engine loop (a kvsim.sim.simulation.Simulation) when its scheduler offloads
     (module docstring)."""
@@ -53,6 +67,7 @@ def offload_engine_loop(
         completed = worker.poll(env.now)
         dt, tokens = executor.execute(out, sched)
         sim._record_step(out, dt)
+        trace.record(sched)
         yield from sim._advance_clock(dt)
         for seq in sched.update(out, tokens, completed):
             sim._finish_seq(seq)

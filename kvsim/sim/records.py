@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import EventRecorder
+from engine.offload.worker import JobTiming
 from workloads import Request
 
 
@@ -43,3 +44,18 @@ class SimResult:
     # scheduled, the BlockManager's count (what replaying the block events gives,
     # kvsim/analysis/block_states.py, at a fraction of the cost); 0 without prefix caching.
     step_cached_free_blocks: np.ndarray | None = None
+    # With KV offloading: every transfer and the tier's occupancy per step.
+    offload: OffloadRecords | None = None
+
+
+@dataclass(slots=True)
+class OffloadRecords:
+    """What an offloading run's transfers did (kvsim/sim/offload_loop.py): each job with its
+    times, and the CPU tier per executed step (aligned with steps.parquet's rows)."""
+
+    tier_capacity_chunks: int
+    blocks_per_chunk: int
+    bytes_per_block: int  # KV bytes of one GPU block
+    jobs: list[JobTiming]  # every job submitted, in submission order
+    step_tier_chunks: np.ndarray  # chunks the tier held as each step was scheduled
+    step_tier_evictions: np.ndarray  # chunks evicted from the tier by then (cumulative)

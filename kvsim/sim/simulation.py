@@ -36,8 +36,8 @@ from engine.offload.worker import OffloadWorker
 from engine.v1.prefix_keys import PrefixSource
 from kvsim.sim.executor import Executor
 from kvsim.sim.gc_passes import fewer_gc_passes
-from kvsim.sim.offload_loop import offload_engine_loop
-from kvsim.sim.records import SimResult, SimSettings
+from kvsim.sim.offload_loop import TierTrace, offload_engine_loop
+from kvsim.sim.records import OffloadRecords, SimResult, SimSettings
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
@@ -141,6 +141,7 @@ class Simulation:
         v1 = scheduler.config.scheduler == "v1"
         self._cached_free = array("q") if v1 else None
         self.offload_worker = offload_worker
+        self._tier_trace = TierTrace()
         self._progress_every = progress_every_steps
         self._on_step_end = on_step_end
         self._next_progress = progress_every_steps
@@ -264,7 +265,7 @@ class Simulation:
 
     def _engine_loop(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         if self.offload_worker is not None:
-            yield from offload_engine_loop(self, self.offload_worker, progress)
+            yield from offload_engine_loop(self, self.offload_worker, self._tier_trace, progress)
             return
         env, sched, executor = self.env, self.scheduler, self.executor
         plain_decodes = hasattr(sched, "run_plain_decodes") and hasattr(
@@ -416,4 +417,19 @@ class Simulation:
             step_cached_free_blocks=None
             if self._cached_free is None
             else np.frombuffer(self._cached_free, dtype=np.int64).copy(),
+            offload=self._offload_records(),
+        )
+
+    def _offload_records(self) -> OffloadRecords | None:
+        worker = self.offload_worker
+        connector = getattr(self.scheduler, "connector", None)
+        if worker is None or connector is None:
+            return None
+        return OffloadRecords(
+            tier_capacity_chunks=connector.config.num_chunks,
+            blocks_per_chunk=connector.config.blocks_per_chunk,
+            bytes_per_block=worker.bytes_per_block,
+            jobs=list(worker.timings.values()),
+            step_tier_chunks=np.frombuffer(self._tier_trace.chunks, dtype=np.int64).copy(),
+            step_tier_evictions=np.frombuffer(self._tier_trace.evictions, dtype=np.int64).copy(),
         )

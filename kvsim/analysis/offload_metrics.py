@@ -1,0 +1,111 @@
+"""KV offload metrics of a run (docs/metrics.md, "KV offloading"): per request (requests.parquet),
+per step (steps.parquet) and for the run (summary.json's ``offload`` section).
+
+Hits by source follow vLLM's prompt-token metrics (vllm/v1/metrics/stats.py PromptTokenStats,
+counted at each request's first admission): ``local_cache_hit`` (the GPU prefix cache),
+``external_kv_transfer`` (loaded from the CPU tier) and ``local_compute`` (the rest), which sum
+to the prompt tokens; ``external_prefix_cache_queries`` / ``_hits`` are vLLM's connector
+counters (queries: the tokens past the GPU hit).
+
+A loading request's TTFT splits into queueing (arrival until its load is issued), loading
+(until it is admitted to run) and computing (admission until its first token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine import EventKind
+from engine.core.events import Columns
+from kvsim.analysis.load import distribution
+from kvsim.analysis.prefix_metrics import Admissions
+from kvsim.sim.records import OffloadRecords
+
+
+def _per_seq_first(
+    seq_id: np.ndarray, values: np.ndarray, n: int, fill: float = np.nan
+) -> np.ndarray:
+    out = np.full(n, fill, dtype=np.float64)
+    out[seq_id[::-1]] = values[::-1]  # the earliest row of each sequence wins
+    return out
+
+
+def offload_request_columns(
+    cols: Columns, records: OffloadRecords, n: int, admit_time: np.ndarray
+) -> dict[str, np.ndarray]:
+    """requests.parquet's offload columns: ``offload_load_start_s`` (when its first load was
+    issued), ``offload_transfer_s`` (that load's transfer time, s), ``offload_load_wait_s``
+    (issue to admission: the TTFT share spent loading) and ``offload_bytes_loaded``."""
+    kind, seq = cols["kind"], cols["seq_id"].astype(np.int64)
+    is_load = kind == EventKind.OFFLOAD_LOAD
+    start = _per_seq_first(seq[is_load], cols["time_s"][is_load], n)
+    loads = [j for j in records.jobs if not j.job.is_store]
+    transfer = np.full(n, np.nan)
+    loaded_bytes = np.zeros(n, dtype=np.int64)
+    if loads:
+        load_seq = np.fromiter((j.job.seq_id for j in loads), np.int64, len(loads))
+        took = np.fromiter(
+            (np.nan if j.completed_s is None else j.completed_s - j.submitted_s for j in loads),
+            np.float64,
+            len(loads),
+        )
+        transfer = _per_seq_first(load_seq, took, n)
+        nbytes = np.fromiter((j.nbytes for j in loads), np.int64, len(loads))
+        loaded_bytes = np.bincount(load_seq, weights=nbytes, minlength=n)[:n].astype(np.int64)
+    return {
+        "offload_load_start_s": start,
+        "offload_transfer_s": transfer,
+        "offload_load_wait_s": admit_time - start,
+        "offload_bytes_loaded": loaded_bytes,
+    }
+
+
+def offload_summary(
+    adm: Admissions, records: OffloadRecords, requests_load_wait: np.ndarray, block_size: int
+) -> dict[str, Any]:
+    """summary.json's ``offload`` section (module docstring)."""
+    first = ~adm.resumed
+    prompt = int(adm.num_tokens[first].sum())
+    local = int(adm.hit_tokens[first].sum())
+    external = int(adm.offload_tokens[first].sum())
+    queries = prompt - local
+    moved: dict[str, dict[str, Any]] = {}
+    for name, is_store in (("load", False), ("store", True)):
+        jobs = [j for j in records.jobs if j.job.is_store is is_store]
+        done = [j for j in jobs if j.completed_s is not None]
+        times = np.array([j.completed_s - j.submitted_s for j in done if j.completed_s])
+        moved[name] = {
+            "jobs": len(jobs),
+            "bytes": int(sum(j.nbytes for j in jobs)),
+            "chunks": int(sum(len(j.job.keys) for j in jobs)),
+            "transfer_s": distribution(times),
+        }
+    chunks = records.step_tier_chunks
+    capacity = records.tier_capacity_chunks
+    return {
+        "tier": "cpu",
+        "capacity_chunks": capacity,
+        "chunk_tokens": records.blocks_per_chunk * block_size,
+        "chunk_bytes": records.blocks_per_chunk * records.bytes_per_block,
+        "prompt_tokens_by_source": {
+            "local_compute": prompt - local - external,
+            "local_cache_hit": local,
+            "external_kv_transfer": external,
+        },
+        "external_prefix_cache_queries": queries,
+        "external_prefix_cache_hits": external,
+        "external_prefix_cache_hit_rate": external / queries if queries else None,
+        "hit_rate_all_tiers": (local + external) / prompt if prompt else None,
+        "requests_loading": int((adm.offload_tokens[first] > 0).sum()),
+        "load_wait_s": distribution(requests_load_wait[~np.isnan(requests_load_wait)]),
+        "loads": moved["load"],
+        "stores": moved["store"],
+        "tier_chunks_mean": float(chunks.mean()) if len(chunks) else 0.0,
+        "tier_chunks_peak": int(chunks.max()) if len(chunks) else 0,
+        "tier_usage_peak": float(chunks.max() / capacity) if len(chunks) and capacity else 0.0,
+        "tier_evictions": int(records.step_tier_evictions[-1])
+        if len(records.step_tier_evictions)
+        else 0,
+    }
