@@ -126,6 +126,26 @@ def cache_curve_command(
     model: Annotated[str, _run_option("model")] = _DEFAULTS["model"],
     gpu: Annotated[str, _run_option("gpu")] = _DEFAULTS["gpu"],
     tp: Annotated[int, _run_option("tp")] = _DEFAULTS["tp"],
+    num_blocks: Annotated[int | None, _run_option("num_blocks")] = _DEFAULTS["num_blocks"],
+    tiers: Annotated[
+        str | None,
+        typer.Option(
+            help="Two tiers: GPU and CPU capacities, each a number of tokens, N blocks, a "
+            "size in bytes (KiB, MiB, GiB, TiB, KB, ...) or inf, e.g. gpu:1e5,30000blocks,"
+            "cpu:0,16GiB,64GiB: a GPU x CPU table of hit rates (vLLM's native offloading)",
+            metavar="gpu:CAPS,cpu:CAPS",
+            show_default="one tier",
+        ),
+    ] = None,
+    kv_offloading_size: Annotated[
+        float | None,
+        typer.Option(
+            help="With --tiers: mark a CPU tier of this size (vLLM's --kv-offloading-size) "
+            "and print the hit rate it adds to the pool",
+            metavar="GiB",
+            show_default="none",
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -140,7 +160,19 @@ def cache_curve_command(
     capacity (stack distances) and the optimal policy (Belady), the upper bound no eviction
     policy can beat. No simulation: vLLM's hit semantics on an idealised cache.
 
-    The capacity of the --model/--gpu/--tp KV pool (planned as kvsim run does) is marked."""
+    The capacity of the --model/--gpu/--tp KV pool (planned as kvsim run does, or
+    --num-blocks) is marked. With --tiers: a GPU tier of each capacity plus a CPU tier of each
+    capacity, as vLLM's native KV offloading serves it (docs/metrics.md)."""
+    if num_blocks is not None and num_blocks < 1:
+        fail(f"--num-blocks: a KV pool has >= 1 blocks, got {num_blocks}")
+    if tiers is not None:
+        if capacity_tokens is not None:
+            fail("--capacity-tokens and --tiers cannot be combined: --tiers gives the capacities")
+        _run_tiers(trace, tiers, block_size, model, gpu, tp, num_blocks,
+                   kv_offloading_size, out, force)  # fmt: skip
+        return
+    if kv_offloading_size is not None:
+        fail("--kv-offloading-size marks a CPU tier: it needs --tiers gpu:CAPS,cpu:CAPS")
     capacities = None if capacity_tokens is None else parse_capacities(capacity_tokens)
     from kvsim.analysis.cache_curve import cache_curve
     from kvsim.outputs.curve_folder import check_out_folder, write_curve_folder
@@ -151,7 +183,10 @@ def cache_curve_command(
             check_out_folder(out, force=force)
         loaded = load_trace(resolve_trace(trace))
         curve = cache_curve(loaded, block_size, capacities)
-        pool_tokens, pool_label = pool_capacity(trace, model, gpu, tp, curve.block_size)
+        if num_blocks is None:
+            pool_tokens, pool_label = pool_capacity(trace, model, gpu, tp, curve.block_size)
+        else:
+            pool_tokens, pool_label = num_blocks * curve.block_size, "GPU pool (--num-blocks)"
         at_pool = curve.hit_rates_at(pool_tokens)
         if out is not None:
             write_curve_folder(curve, out, pool_tokens=pool_tokens, pool_label=pool_label,
@@ -174,6 +209,31 @@ def cache_curve_command(
     )
     if out is not None:
         say("wrote ", out / "curve.csv", " and ", out / "curve.png")
+
+
+def _run_tiers(
+    trace: str,
+    spec: str,
+    block_size: int | None,
+    model: str,
+    gpu: str,
+    tp: int,
+    num_blocks: int | None,
+    offload_gib: float | None,
+    out: Path | None,
+    force: bool,
+) -> None:
+    """kvsim.commands.tiers.run_tiers, its exceptions as one line and exit code 2."""
+    from kvsim.commands.tiers import run_tiers
+
+    try:
+        run_tiers(trace=trace, spec=spec, block_size=block_size, model=model, tp=tp,
+                  num_blocks=num_blocks, offload_gib=offload_gib, out=out, force=force,
+                  plan_pool=lambda b: pool_capacity(trace, model, gpu, tp, b))  # fmt: skip
+    except (KvsimError, WorkloadError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""What ``kvsim cache-curve --out DIR`` leaves on disk: curve.csv and curve.png.
+"""What ``kvsim cache-curve --out DIR`` leaves on disk: curve.csv and curve.png (with
+``--tiers``: tiers.csv and tiers.png, kvsim.outputs.tier_folder; the same folder kind).
 
 Both are written into a temporary folder renamed into place, so nothing half-written is left,
 with kvsim's manifest. An existing DIR is replaced only with ``--force`` and only when its
@@ -19,11 +20,13 @@ from kvsim.atomic import FolderKind, check_target, output_folder
 
 CURVE_CSV = "curve.csv"
 CURVE_PNG = "curve.png"
+TIERS_CSV = "tiers.csv"  # kvsim cache-curve --tiers (kvsim.outputs.tier_folder)
+TIERS_PNG = "tiers.png"
 CURVE_FOLDER = FolderKind(
     what="cache-curve folder",
     marker_file=CURVE_CSV,
     marker_key="",
-    entries=frozenset({CURVE_CSV, CURVE_PNG}),
+    entries=frozenset({CURVE_CSV, CURVE_PNG, TIERS_CSV, TIERS_PNG}),
 )
 
 
