@@ -1,0 +1,96 @@
+"""The shipped KV-offload goldens (vLLM 0.33.0's OffloadingConnector, golden/offload/) load,
+are self-consistent, and exercise what their README says. No vLLM needed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from offload_golden import (
+    GOLDEN,
+    OffloadGolden,
+    check_consistency,
+    chunk_name,
+    load_offload_golden,
+    parse_chunk,
+)
+
+FILES = sorted(GOLDEN.glob("*.steps.jsonl.gz"))
+
+
+def test_the_four_goldens_ship() -> None:
+    names = {p.name.removesuffix(".steps.jsonl.gz") for p in FILES}
+    assert names == {"handmade", "mooncake_lru", "mooncake_arc", "mooncake_chunk4"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
+def test_golden_is_self_consistent(path: Path) -> None:
+    golden = load_offload_golden(path)
+    assert golden.steps and golden.summary["num_unfinished"] == 0
+    assert check_consistency(golden) == []
+    trace = GOLDEN / golden.config["trace"]
+    with trace.open() as f:
+        assert golden.config["num_requests"] == sum(1 for line in f if line.strip())
+
+
+def test_chunk_names_round_trip() -> None:
+    assert parse_chunk("r12:3") == ("r12", 3)
+    assert parse_chunk("a:b:7") == ("a:b", 7)
+    assert chunk_name(*parse_chunk("r0:15")) == "r0:15"
+
+
+@pytest.fixture(scope="module")
+def handmade() -> OffloadGolden:
+    return load_offload_golden(GOLDEN / "handmade.steps.jsonl.gz")
+
+
+def test_handmade_exercises_its_documented_cases(handmade: OffloadGolden) -> None:
+    steps = handmade.steps
+    loads = [(s, j) for s in steps for j in s.load_jobs]
+    assert loads and all(s.waiting_for_kv for s, _ in loads)
+    assert any(s.cpu_evicted for s in steps)
+    assert any("chunks_being_loaded" in s.kv_lookup_delayed.values() for s in steps)
+    preempt_flush = [s for s in steps if s.jobs_to_flush and s.raw["preempted"]]
+    realloc_flush = [s for s in steps if s.jobs_to_flush and not s.raw["preempted"]]
+    assert preempt_flush and realloc_flush
+    assert all(s.forward_start_s > s.start_s for s in preempt_flush + realloc_flush)
+    # r6's prompt is exactly the 8 stored chunks: 7 blocks from the GPU cache (a local hit
+    # stops at prompt - 1 tokens), the 8th loaded, then the last token recomputed
+    (s6,) = [s for s in steps if "r6" in s.external_hit_tokens]
+    assert (s6.local_hit_tokens["r6"], s6.external_hit_tokens["r6"]) == (112, 16)
+    assert [s.raw["new"]["r6"] for s in steps if "r6" in s.raw["new"]] == [127]
+
+
+def test_policies_decide_differently() -> None:
+    lru = load_offload_golden(GOLDEN / "mooncake_lru.steps.jsonl.gz")
+    arc = load_offload_golden(GOLDEN / "mooncake_arc.steps.jsonl.gz")
+    assert lru.config["offload"]["policy_cls"] == "LRUCachePolicy"
+    assert arc.config["offload"]["policy_cls"] == "ARCCachePolicy"
+    assert [s.cpu_evicted for s in lru.steps] != [s.cpu_evicted for s in arc.steps]
+
+
+def test_checker_flags_a_load_of_a_chunk_never_stored(handmade: OffloadGolden) -> None:
+    broken = copy.deepcopy(handmade)
+    load_step = next(s for s in broken.steps if s.load_jobs)
+    chunk = load_step.load_jobs[0].chunks[0]
+    for s in broken.steps:
+        if chunk in s.cpu_added:
+            s.cpu_added.discard(chunk)
+            break
+    problems = check_consistency(broken)
+    assert any("not ready" in p for p in problems), problems
+
+
+def test_checker_flags_a_completion_never_issued(handmade: OffloadGolden) -> None:
+    broken = copy.deepcopy(handmade)
+    broken.steps[-1].completed_jobs.append(10_000)
+    assert any("never issued" in p for p in check_consistency(broken))
+
+
+def test_checker_flags_a_tier_over_capacity(handmade: OffloadGolden) -> None:
+    broken = copy.deepcopy(handmade)
+    broken.config = json.loads(json.dumps(broken.config))
+    broken.config["offload"]["num_cpu_chunks"] = 10
+    assert any("tier holds" in p for p in check_consistency(broken))
