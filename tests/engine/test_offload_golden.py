@@ -51,16 +51,20 @@ def test_handmade_exercises_its_documented_cases(handmade: OffloadGolden) -> Non
     loads = [(s, j) for s in steps for j in s.load_jobs]
     assert loads and all(s.waiting_for_kv for s, _ in loads)
     assert any(s.cpu_evicted for s in steps)
-    assert any("chunks_being_loaded" in s.kv_lookup_delayed.values() for s in steps)
+    reasons = {r for s in steps for r in s.kv_lookup_delayed.values()}
+    assert reasons == {"chunks_being_loaded", "store_pending"}
     preempt_flush = [s for s in steps if s.jobs_to_flush and s.raw["preempted"]]
     realloc_flush = [s for s in steps if s.jobs_to_flush and not s.raw["preempted"]]
     assert preempt_flush and realloc_flush
     assert all(s.forward_start_s > s.start_s for s in preempt_flush + realloc_flush)
-    # r6's prompt is exactly the 8 stored chunks: 7 blocks from the GPU cache (a local hit
+    # r8's prompt is exactly the 8 chunks of S: 7 blocks from the GPU cache (a local hit
     # stops at prompt - 1 tokens), the 8th loaded, then the last token recomputed
-    (s6,) = [s for s in steps if "r6" in s.external_hit_tokens]
-    assert (s6.local_hit_tokens["r6"], s6.external_hit_tokens["r6"]) == (112, 16)
-    assert [s.raw["new"]["r6"] for s in steps if "r6" in s.raw["new"]] == [127]
+    (s8,) = [s for s in steps if "r8" in s.external_hit_tokens]
+    assert (s8.local_hit_tokens["r8"], s8.external_hit_tokens["r8"]) == (112, 16)
+    assert [s.raw["new"]["r8"] for s in steps if "r8" in s.raw["new"]] == [127]
+    # a load after a partial local hit: r5 finds 3 of r2's blocks on the GPU, loads 5
+    (s5,) = [s for s in steps if "r5" in s.external_hit_tokens]
+    assert (s5.local_hit_tokens["r5"], s5.external_hit_tokens["r5"]) == (48, 80)
 
 
 def test_policies_decide_differently() -> None:

@@ -106,7 +106,8 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
 def handmade_trace() -> list[dict[str, object]]:
     """Phases (16-token hash blocks = GPU blocks = offload chunks; 40 GPU blocks, 64 CPU
     chunks, slow stores): A stores a shared prefix S; B's fillers push S out of the GPU
-    cache; C re-uses S from the CPU tier (a load, a second request delayed while S's chunks
+    cache, and a request re-using a filler's prefix waits for its pending store; C re-uses S
+    from the CPU tier (a load, a second request delayed while S's chunks
     are being loaded, a full-prompt hit); D's fillers evict from the CPU tier; E's two long
     decodes run out of GPU blocks and preempt a request whose stores are in flight."""
     next_id = [1000]
@@ -117,11 +118,15 @@ def handmade_trace() -> list[dict[str, object]]:
         return ids
 
     s = list(range(8))  # the shared prefix S: 8 blocks
+    a0, a1 = s + fresh(2), fresh(10)
+    b0, b1, b2 = fresh(16), fresh(16), fresh(20)
     rows: list[tuple[float, list[int], int]] = [
-        (0.0, s + fresh(2), 3),  # A: stores S
-        (0.0, fresh(10), 3),
-        (0.3, fresh(16), 2),  # B: fillers
-        (0.3, fresh(16), 2),
+        (0.0, a0, 3),  # A: stores S
+        (0.0, a1, 3),
+        (0.3, b0, 2),  # B: fillers
+        (0.3, b1, 2),
+        (0.305, b2, 2),  # evicts most of r2's blocks from the GPU cache ...
+        (0.31, b0[:8] + fresh(2), 2),  # ... then r2's prefix, its store still pending
         (0.6, s + fresh(2), 3),  # C: loads S ...
         (0.6, s + fresh(2), 3),  # ... and waits while S's chunks are being loaded
         (0.8, list(s), 2),  # full-prompt hit (chunk-aligned prompt)
