@@ -25,6 +25,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import SchedulerConfig
 from engine.fast.decode import FastDecodeScheduler
 from engine.fast.fast_v1 import FastV1Scheduler
+from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.scheduler import V1Scheduler
 
 _CLASSES: dict[tuple[str, bool], type[Scheduler]] = {
@@ -50,8 +51,15 @@ def make_scheduler(
     **kwargs: Any,
 ) -> Scheduler:
     """A scheduler for ``config`` driving ``block_manager``. ``fast=True`` gives the
-    placeholder-token variant (keyword ``token``: the token every decode samples, default 0).
+    placeholder-token variant (keyword ``token``: the token every decode samples, default 0);
+    ``offload`` (an engine.offload.OffloadConfig) the v1 scheduler with a CPU tier
+    (engine/v1/offloading_scheduler.py).
     Events go to ``event_sink``, else to the block manager's sink."""
+    if kwargs.get("offload") is not None:
+        if config.scheduler != "v1" or fast:
+            raise SchedulerError("KV offloading runs on the readable v1 scheduler only")
+        return OffloadingV1Scheduler(config, block_manager, event_sink, **kwargs)
+    kwargs.pop("offload", None)
     return scheduler_class(config, fast=fast)(config, block_manager, event_sink, **kwargs)
 
 

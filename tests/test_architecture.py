@@ -43,7 +43,7 @@ ENGINE_LAYERS = (
     ("engine.torch_engine",),
     ("engine.factory",),
     ("engine.fast",),
-    ("engine.v1.scheduler",),
+    ("engine.v1.scheduler", "engine.v1.offloading_scheduler"),
     ("engine.offload",),  # KV offload tiers: the v1 scheduler's connector, over the core
     ("engine.core.scheduler", "engine.contiguous"),
     ("engine.core.block_manager",),

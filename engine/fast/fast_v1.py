@@ -197,14 +197,7 @@ class FastV1Scheduler(LazyV1Scheduler):
 
     # --- update -------------------------------------------------------------------------------
 
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: list[int],
-        completed_jobs: list[int] | None = None,
-    ) -> list[Sequence]:
-        if completed_jobs:
-            raise SchedulerError("the fast v1 scheduler does not offload")
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
         if output is not self._fast_out:
             finished = super().update(output, sampled_token_ids)
             self._attach_all()

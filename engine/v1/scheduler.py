@@ -29,9 +29,6 @@ as REJECTED when it arrives, and returned by the next ``update()``.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING
-
 from engine.core.block_manager import BlockManager, blocks_needed
 from engine.core.errors import SchedulerError
 from engine.core.events import EventKind, EventSink
@@ -40,20 +37,14 @@ from engine.core.scheduler_output import SchedulerConfig, SchedulerOutput, step_
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.v1.request_queue import PriorityWaitingQueue
 
-if TYPE_CHECKING:
-    from engine.offload.connector import OffloadConfig, OffloadConnector
-
 WAITING = SequenceStatus.WAITING  # module constants: see engine/core/scheduler.py
 RUNNING = SequenceStatus.RUNNING
-WAITING_FOR_KV = SequenceStatus.WAITING_FOR_KV
 ARRIVE, ADMIT, RESUME, PREEMPT = (
     EventKind.ARRIVE,
     EventKind.ADMIT,
     EventKind.RESUME,
     EventKind.PREEMPT,
 )
-OFFLOAD_LOAD, OFFLOAD_STORE = EventKind.OFFLOAD_LOAD, EventKind.OFFLOAD_STORE
-OFFLOAD_LOAD_DONE, OFFLOAD_STORE_DONE = EventKind.OFFLOAD_LOAD_DONE, EventKind.OFFLOAD_STORE_DONE
 
 
 class V1Scheduler(Scheduler):
@@ -67,13 +58,7 @@ class V1Scheduler(Scheduler):
         config: SchedulerConfig,
         block_manager: BlockManager,
         event_sink: EventSink | None = None,
-        *,
-        offload: OffloadConfig | None = None,
     ) -> None:
-        """``offload``: a CPU tier behind the prefix cache (vLLM's OffloadingConnector,
-        engine/offload): waiting requests may load chunks from it, and computed prompt chunks
-        are stored into it; each step's transfers are on ``SchedulerOutput.connector_meta``
-        and their completions come back through ``update(..., completed_jobs=...)``."""
         if config.scheduler != "v1":
             raise SchedulerError(f"V1Scheduler needs scheduler='v1', got {config.scheduler!r}")
         if not isinstance(block_manager, BlockManager):
@@ -87,39 +72,12 @@ class V1Scheduler(Scheduler):
             self._waiting = PriorityWaitingQueue()  # type: ignore[assignment]
         # vLLM keeps int(watermark * num_gpu_blocks) free, its pool counting the null block.
         self._watermark_blocks = int(block_manager.watermark * (block_manager.num_blocks + 1))
-        self.connector: OffloadConnector | None = None
-        if offload is not None:
-            from engine.offload.connector import OffloadConnector
-
-            self.connector = OffloadConnector(
-                offload,
-                block_manager.block_size,
-                prefix_caching=block_manager.enable_prefix_caching,
-            )
-        # With a connector (vLLM's kv_holding_waiting): requests holding blocks while they
-        # wait — loading, or loaded and not yet running — go before the waiting queue.
-        self._kv_holding: deque[Sequence] = deque()
-        self._loaded: set[int] = set()  # seq ids whose load has completed
-        # Requests admitted and still prefilling (vLLM's _inflight_prefills): an async load
-        # is admitted only if the blocks they still need stay free.
-        self._inflight_prefills: dict[int, Sequence] = {}
 
     # --- queues ---------------------------------------------------------------------------
 
     def has_unfinished(self) -> bool:
         """Anything waits or runs, or a rejection is still to be returned by ``update()``."""
-        return bool(
-            self._waiting
-            or self._running
-            or self._finished_early
-            or self._kv_holding
-            or (self.connector is not None and self.connector.has_transfers())
-        )
-
-    @property
-    def num_waiting(self) -> int:
-        """Waiting sequences, those waiting for a KV load included (vLLM counts both)."""
-        return len(self._waiting) + len(self._kv_holding)
+        return bool(self._waiting or self._running or self._finished_early)
 
     def add_request(self, seq: Sequence) -> None:
         """Queue ``seq``; one that can never run is finished as REJECTED now (see the
@@ -140,8 +98,6 @@ class V1Scheduler(Scheduler):
         if reason is not None:
             self._reject(seq, reason)
             return
-        if self.connector is not None:
-            self.connector.on_new_request(seq)
         self._waiting.append(seq)
 
     def _never_runs(self, seq: Sequence) -> str | None:
@@ -182,14 +138,8 @@ class V1Scheduler(Scheduler):
         rejected = self._finished_early.copy()  # rejected on arrival, reported now
         budget = self._schedule_running(threshold, seqs, num_new_tokens, preempted)
         admitted: list[Sequence] = []
-        connector = self.connector
         if not preempted:
-            if connector is None:
-                self._schedule_waiting(threshold, budget, seqs, num_new_tokens, admitted, rejected)
-            else:
-                self._schedule_waiting_kv(
-                    threshold, budget, seqs, num_new_tokens, admitted, rejected
-                )
+            self._schedule_waiting(threshold, budget, seqs, num_new_tokens, admitted, rejected)
         out = SchedulerOutput(
             step=self.step,
             kind=step_kind(seqs, num_new_tokens),
@@ -200,18 +150,7 @@ class V1Scheduler(Scheduler):
             rejected=rejected,
             admitted=admitted,
         )
-        if connector is not None:
-            for seq, n in zip(seqs, num_new_tokens):
-                if seq.cached_token_count + n >= seq.num_tokens:
-                    self._inflight_prefills.pop(seq.seq_id, None)
-            meta = connector.build_meta(seqs, num_new_tokens, admitted, preempted)
-            out.connector_meta = meta
-            if sink is not None:
-                free = self.block_manager.get_num_free_blocks()
-                bs = self.block_manager.block_size
-                for job in meta.store_jobs:
-                    blocks = job.gpu_block_ids
-                    sink.record(OFFLOAD_STORE, job.seq_id, free, blocks, len(blocks) * bs)
+        self._after_schedule(out)
         self._pending = out
         if sink is not None and seqs:
             sink.record_step(
@@ -358,138 +297,13 @@ class V1Scheduler(Scheduler):
                 sink.record(kind, seq.seq_id, bm.get_num_free_blocks(), (), n)
             self._on_admit(seq)
 
-    def _schedule_waiting_kv(
-        self,
-        threshold: int,
-        budget: int,
-        seqs: list[Sequence],
-        num_new_tokens: list[int],
-        admitted: list[Sequence],
-        rejected: list[Sequence],
-    ) -> None:
-        """The waiting pass with a KV connector (vLLM's loop with a connector): requests
-        holding blocks (loading, or loaded) go first; one the connector cannot answer yet,
-        or still loading, is skipped for this step instead of stopping the pass; one with
-        chunks to load gets its blocks now (only if the blocks in-flight prefills still need
-        stay free) and waits for its load in the holding queue."""
-        cfg, bm, sink = self.config, self.block_manager, self.event_sink
-        connector = self.connector
-        assert connector is not None
-        running = self._running
-        bs = bm.block_size
-        skipped_holding: list[Sequence] = []
-        skipped_waiting: list[Sequence] = []
-        while budget > 0 and len(running) < cfg.max_num_seqs:
-            queue = self._kv_holding if self._kv_holding else self._waiting
-            if not queue:
-                break
-            seq = queue[0]
-            if seq.status is WAITING_FOR_KV:
-                if seq.seq_id not in self._loaded:
-                    skipped_holding.append(queue.popleft())
-                    continue
-                self._loaded.discard(seq.seq_id)
-                self._finish_load(seq)
-            hits: list[int] = []
-            num_local = num_external = 0
-            looked_up = seq.cached_token_count == 0
-            if looked_up:
-                reason = self._never_runs(seq)
-                if reason is not None:
-                    queue.popleft()
-                    self._reject(seq, reason)
-                    rejected.append(seq)
-                    continue
-                hits = bm.find_cached_prefix(seq)
-                num_local = len(hits) * bs
-                matched = connector.get_num_new_matched_tokens(seq, num_local)
-                if matched is None:  # its chunks are not ready yet: ask again next step
-                    skipped_waiting.append(queue.popleft())
-                    continue
-                num_external = matched
-            num_computed = seq.cached_token_count + num_local + num_external
-            loading = num_external > 0
-            n = reserved = 0
-            if loading:
-                reserved = sum(
-                    self._blocks_still_needed(s) for s in self._inflight_prefills.values()
-                )
-            else:
-                n = seq.num_tokens - num_computed
-                if 0 < threshold < n:
-                    n = threshold
-                if not cfg.enable_chunked_prefill and n > budget:
-                    break
-                n = min(n, budget)
-            if not bm.allocate_slots(
-                seq,
-                n,
-                hits,
-                full_sequence_tokens=self._full_tokens(seq),
-                watermark_blocks=self._watermark_blocks if running else 0,
-                max_model_len=cfg.max_model_len,
-                external_tokens=num_external,
-                reserved_blocks=reserved,
-                cache=not loading,
-            ):
-                break
-            connector.update_state_after_alloc(seq, num_external)
-            queue.popleft()
-            if looked_up:
-                seq.prefix_hit_tokens = num_local
-                seq.offload_hit_tokens = num_external
-                self.num_cached_tokens += num_local + num_external
-                seq.cached_token_count = num_computed
-            if loading:
-                seq.status = WAITING_FOR_KV
-                self._inflight_prefills[seq.seq_id] = seq
-                skipped_holding.append(seq)
-                if sink is not None:
-                    table = seq.block_table[num_local // bs :]
-                    sink.record(
-                        OFFLOAD_LOAD, seq.seq_id, bm.get_num_free_blocks(), table, num_external
-                    )
-                continue
-            running.append(seq)
-            seq.status = RUNNING
-            if num_computed + n < seq.num_tokens:
-                self._inflight_prefills[seq.seq_id] = seq
-            seqs.append(seq)
-            num_new_tokens.append(n)
-            admitted.append(seq)
-            budget -= n
-            if sink is not None:
-                kind = RESUME if seq.num_preemptions else ADMIT
-                sink.record(kind, seq.seq_id, bm.get_num_free_blocks(), (), n)
-        # The skipped go back to the front of their queues, in their order.
-        self._kv_holding.extendleft(reversed(skipped_holding))
-        self._waiting.extendleft(reversed(skipped_waiting))
-
-    def _blocks_still_needed(self, seq: Sequence) -> int:
-        """Blocks ``seq`` (prefilling or loading) still needs for its whole sequence."""
-        need = blocks_needed(self._full_tokens(seq), self.block_manager.block_size)
-        return max(need - len(seq.block_table), 0)
-
-    def _full_tokens(self, seq: Sequence) -> int:
-        max_len = self.config.max_model_len
-        return seq.num_tokens if max_len is None else min(seq.num_tokens, max_len)
-
-    def _finish_load(self, seq: Sequence) -> None:
-        """``seq``'s load completed (vLLM's _update_waiting_for_remote_kv): cache its blocks;
-        a load covering the whole request leaves its last token to compute."""
-        bm = self.block_manager
-        if bm.enable_prefix_caching:
-            bm.cache_blocks(seq, seq.cached_token_count)
-        if seq.cached_token_count == seq.num_tokens:
-            seq.cached_token_count -= 1
-            self.num_cached_tokens -= 1
-        seq.status = WAITING
+    def _after_schedule(self, out: SchedulerOutput) -> None:
+        """``out`` is decided (not yet pending); for subclasses (KV offloading)."""
 
     def _on_admit(self, seq: Sequence) -> None:
         """``seq`` was just admitted (it ends the running list); for subclasses."""
 
     def _preempt(self, seq: Sequence) -> None:
-        self._inflight_prefills.pop(seq.seq_id, None)
         self.num_cached_tokens -= seq.cached_token_count
         self.block_manager.free_sequence_v1(seq, preempted=True)
         seq.cached_token_count = 0
@@ -509,9 +323,6 @@ class V1Scheduler(Scheduler):
         seq.status = status
         self._unfinished.pop(seq.seq_id, None)
         self.num_cached_tokens -= seq.cached_token_count
-        if self.connector is not None and status is not SequenceStatus.FINISHED_REJECTED:
-            self._inflight_prefills.pop(seq.seq_id, None)
-            self.connector.request_finished(seq)
         sink = self.event_sink
         if sink is not None:
             sink.record(
@@ -521,18 +332,12 @@ class V1Scheduler(Scheduler):
 
     # --- update -------------------------------------------------------------------------------
 
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: list[int],
-        completed_jobs: list[int] | None = None,
-    ) -> list[Sequence]:
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
         """Apply one step: each scheduled sequence advances by its scheduled tokens; one whose
         prompt (or recompute) is now complete appends its sampled token (one id per
         ``output.seqs`` entry; ignored for the others) and may finish (stop token, max_tokens,
-        max_model_len), freeing its blocks. ``completed_jobs``: the offload transfers (job
-        ids) that completed by the end of this step. Returns the sequences finished this
-        step, those rejected while scheduling it first."""
+        max_model_len), freeing its blocks. Returns the sequences finished this step, those
+        rejected while scheduling it first."""
         finished = self._take_pending(output, sampled_token_ids)
         num_done_before = len(finished)
         for seq, n, token in zip(output.seqs, output.num_new_tokens, sampled_token_ids):
@@ -553,22 +358,7 @@ class V1Scheduler(Scheduler):
                 finished.append(seq)
         if len(finished) > num_done_before:
             self._finish_sampled(finished[num_done_before:])
-        if completed_jobs:
-            self._complete_jobs(completed_jobs)
         return finished
-
-    def _complete_jobs(self, completed_jobs: list[int]) -> None:
-        connector, sink = self.connector, self.event_sink
-        if connector is None:
-            raise SchedulerError("completed_jobs given to a scheduler without offloading")
-        for job in connector.update_connector_output(completed_jobs):
-            if not job.is_store:
-                self._loaded.add(job.seq_id)
-            if sink is not None:
-                kind = OFFLOAD_STORE_DONE if job.is_store else OFFLOAD_LOAD_DONE
-                tokens = len(job.gpu_block_ids) * self.block_manager.block_size
-                free = self.block_manager.get_num_free_blocks()
-                sink.record(kind, job.seq_id, free, job.gpu_block_ids, tokens)
 
 
 def _priority_key(seq: Sequence) -> tuple[int, float]:

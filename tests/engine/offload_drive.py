@@ -5,11 +5,13 @@ tokens), for the offload tests."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine import BlockManager, SamplingParams, SchedulerConfig, Sequence
 from engine.offload.connector import OffloadConfig
 from engine.offload.transfer import TransferLink
 from engine.offload.worker import OffloadWorker
+from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.scheduler import V1Scheduler
 
 BASE_S, PER_TOKEN_S = 0.005, 1e-5
@@ -29,7 +31,7 @@ class StepRecord:
 
 @dataclass
 class Drive:
-    sched: V1Scheduler
+    sched: Any  # V1Scheduler, or OffloadingV1Scheduler with a tier
     worker: OffloadWorker | None
     seqs: list[Sequence]
     steps: list[StepRecord] = field(default_factory=list)
@@ -63,7 +65,11 @@ def drive(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, scheduler="v1"
     )
     offload = None if num_chunks is None else OffloadConfig(num_chunks, blocks_per_chunk, policy)
-    sched = V1Scheduler(config, bm, offload=offload)
+    sched = (
+        V1Scheduler(config, bm)
+        if offload is None
+        else OffloadingV1Scheduler(config, bm, offload=offload)
+    )
     worker = (
         None
         if offload is None
@@ -102,16 +108,17 @@ def drive(
                 [s.seq_id for s in out.preempted],
             )
         )
+        extra = () if worker is None else (completed,)
         if out.is_empty:
-            sched.update(out, [], completed)
+            sched.update(out, [], *extra)
             if worker is None and k < len(seqs) and not out.preempted and not out.rejected:
                 now = max(now, seqs[k].arrival_time)
         else:
             now += BASE_S + PER_TOKEN_S * out.num_batched_tokens
-            sched.update(out, [7] * len(out.seqs), completed)
+            sched.update(out, [7] * len(out.seqs), *extra)
         if check:
             bm.check_invariants()
-            if sched.connector is not None:
+            if isinstance(sched, OffloadingV1Scheduler):
                 manager = sched.connector.manager
                 assert 0 <= manager.num_held <= manager.num_chunks
     else:
