@@ -162,6 +162,7 @@ def sweep_command(
         spec = make_spec(base, axes, events=events, objective=objective, **bounds)
         if metric not in ("latency", "capacity"):
             raise SweepError(f"--metric must be latency or capacity, got {metric!r}")
+        _check_contexts(spec)
         if dry_run:
             _print_points(spec, metric)
             return
@@ -187,6 +188,31 @@ def sweep_command(
         say("the report failed: ", result.report_error, style="red")
     if result.num_failed or result.report_error:
         raise typer.Exit(1)  # the sweep folder is written; some points (or the report) failed
+
+
+def _check_contexts(spec: Any) -> None:
+    """A point whose --max-model-len is past its model's context is refused before any point
+    runs, as kvsim run refuses it (vLLM too, without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)."""
+    from kvsim.costmodel import CostModelError, resolve_model
+    from kvsim.option_spec import ConfigError
+    from kvsim.runner import resolve_max_model_len
+    from kvsim.sweep.spec import SweepError
+
+    contexts: dict[str, int | None] = {}
+    for point in spec.points():
+        config = point.config
+        if config.max_model_len is None or config.allow_long_max_model_len:
+            continue
+        if config.model not in contexts:
+            try:
+                contexts[config.model] = resolve_model(config.model).max_model_len
+            except CostModelError:  # the point itself says what is wrong with its model
+                contexts[config.model] = None
+        try:
+            resolve_max_model_len(config, contexts[config.model], [])
+        except ConfigError as exc:
+            where = f"point {point.label}: " if point.values else ""
+            raise SweepError(f"{where}{exc}") from None
 
 
 def _print_points(spec: Any, metric: str = "latency") -> None:

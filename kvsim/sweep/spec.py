@@ -336,4 +336,6 @@ def _option(name: str, values: tuple[Any, ...]) -> list[str]:
     flag = FIELD_OPTIONS.get(name)
     if flag is None or (len(values) > 1 and name not in AXIS_OPTIONS):
         return ["--param", f"{name}={joined}"]
+    if isinstance(values[0], bool):  # a switch: --flag / --no-flag, never "--flag false"
+        return [flag if values[0] else f"--no-{flag.removeprefix('--')}"]
     return [flag, joined]

@@ -83,6 +83,17 @@ def test_a_max_model_len_past_the_model_is_refused_unless_allowed(tmp_path: Path
     assert again.exit_code == 0, again.output
 
 
+def test_a_sweep_point_past_the_models_context_is_refused_before_any_runs(
+    tmp_path: Path,
+) -> None:
+    args = ("--until", "1", "--param", "max_model_len=2048,9000", "--out", tmp_path / "s")
+    one_error_line(
+        kvsim("sweep", *args),
+        "point max_model_len=9000: --max-model-len 9,000 is beyond the model's context",
+    )
+    assert os.listdir(tmp_path) == []
+
+
 def test_max_model_len_1_is_accepted_as_vllm_accepts_it(tmp_path: Path) -> None:
     """vLLM's only floor is max_model_len >= 1 (ModelConfig's validator), so kvsim keeps
     accepting 1: every request is rejected (no room for one output token), each counted."""

@@ -132,6 +132,19 @@ def test_command_line_rebuilds_the_spec() -> None:
     ]
 
 
+def test_command_line_gives_a_switch_as_a_switch(tmp_path: Path) -> None:
+    """``--no-enable-chunked-prefill``, not ``--enable-chunked-prefill false`` (which the
+    sweep command does not parse): the reproduce line runs."""
+    base = RunConfig(trace=DEFAULT_TRACE_NAME, enable_chunked_prefill=False, max_model_len=9000,
+                     allow_long_max_model_len=True, until=1.0)  # fmt: skip
+    args = command_line(make_spec(base, [("block_size", (16, 32))]))
+    assert "--no-enable-chunked-prefill" in args and "--allow-long-max-model-len" in args
+    assert "false" not in args and "true" not in args
+    result = CliRunner().invoke(app, [*args[1:], "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert result.output.split("reproduce: ")[1].split() == args
+
+
 def test_max_rate_is_the_highest_rate_below_the_first_slo_miss() -> None:
     spec = make_spec(
         RunConfig(trace="t"),
