@@ -4,7 +4,9 @@ are self-consistent, and exercise what their README says. No vLLM needed."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,58 @@ def test_checker_flags_a_tier_over_capacity(handmade: OffloadGolden) -> None:
     broken.config = json.loads(json.dumps(broken.config))
     broken.config["offload"]["num_cpu_chunks"] = 10
     assert any("tier holds" in p for p in check_consistency(broken))
+
+
+def replay_clock(golden: OffloadGolden) -> list[str]:
+    """Re-derive every step's forward start and reported completions from the recorded jobs
+    with the spec's transfer model (the driver's pure-Python transfer_model.Link): stores
+    submitted at the next step's start (flushed ones at their own step's start), loads at the
+    forward's start, completions reported by the step's end. Returns the mismatches."""
+    path = GOLDEN.parents[3] / "benchmarks" / "vllm_reference" / "transfer_model.py"
+    spec = importlib.util.spec_from_file_location("transfer_model", path)
+    assert spec is not None and spec.loader is not None
+    transfer_model = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("transfer_model", transfer_model)  # its dataclasses look it up
+    spec.loader.exec_module(transfer_model)
+    Link = transfer_model.Link
+    off = golden.config["offload"]
+    link = Link(off["read_bytes_per_s"], off["write_bytes_per_s"], off["link_latency_s"])
+    nbytes = int(off["kv_bytes_per_block"])
+    deferred: list[tuple[int, int]] = []
+    problems = []
+    for s in golden.steps:
+        flush = set(s.jobs_to_flush)
+        for job, blocks in deferred:
+            link.submit(job, "write", blocks * nbytes, s.start_s)
+        deferred = []
+        for j in s.store_jobs:
+            if j.job in flush:
+                link.submit(j.job, "write", j.gpu_blocks * nbytes, s.start_s)
+            else:
+                deferred.append((j.job, j.gpu_blocks))
+        forward = max(link.wait(flush), s.start_s) if flush else s.start_s
+        if abs(forward - s.forward_start_s) > 1e-8:
+            problems.append(f"step {s.step}: forward at {forward}, golden {s.forward_start_s}")
+        for j in s.load_jobs:
+            link.submit(j.job, "read", j.gpu_blocks * nbytes, forward)
+        if s.num_scheduled_tokens:
+            end = forward + float(s.raw["dt"])
+            if abs(end - s.end_s) > 1e-8:
+                problems.append(f"step {s.step}: ends at {end}, golden {s.end_s}")
+        done = sorted(j.job_id for j in link.collect(s.end_s + 1e-9))
+        if done != sorted(s.completed_jobs):
+            problems.append(f"step {s.step}: completes {done}, golden {s.completed_jobs}")
+    return problems
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
+def test_recorded_times_follow_the_transfer_model(path: Path) -> None:
+    assert replay_clock(load_offload_golden(path)) == []
+
+
+def test_clock_replay_flags_a_completion_reported_late(handmade: OffloadGolden) -> None:
+    broken = copy.deepcopy(handmade)
+    i = next(i for i, s in enumerate(broken.steps) if s.completed_jobs)
+    job = broken.steps[i].completed_jobs.pop(0)
+    broken.steps[i + 1].completed_jobs.append(job)
+    assert len(replay_clock(broken)) >= 2
