@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from kvsim.costmodel.gpuspec import GPU_PRESETS, GPUSpec
 from kvsim.costmodel.memory_plan import serving_batch_defaults
+from kvsim.costmodel.modelspec import ModelSpec
+from kvsim.costmodel.offload import LINK_PRESETS, OffloadPlan, plan_offload, resolve_link
 from kvsim.option_spec import (
     MAX_BLOCK_SIZE,
     MAX_CONCURRENCY,
@@ -50,11 +52,13 @@ Mode = Literal["cost", "engine"]
 Allocator = Literal["paged", "max", "pow2", "oracle"]  # kvsim.sim.allocators builds them
 SchedulerName = Literal["v1", "classic"]
 Policy = Literal["fcfs", "priority"]
+OffloadPolicy = Literal["lru", "arc"]  # kvsim.costmodel.offload.OFFLOAD_POLICIES
 MODES: tuple[str, ...] = typing.get_args(Mode)
 ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
 
 MAX_CONFIG_BYTES = 1 << 24  # a run's config.json is a few KB
 MAX_REPLICAS = 4096
+MAX_OFFLOAD_GIB = 1 << 20  # GiB: a PiB of host memory or disk: beyond any one server
 # kvsim.fleet.routers.ROUTERS's names (a test holds them equal; config imports no router code)
 ROUTER_NAMES = ("round-robin", "random", "least-loaded", "prefix", "kv-router", "cache-aware")
 
@@ -275,6 +279,75 @@ class RunConfig:
         "KV events (what stale events cost, by comparison)",
         sweep="param",
     )
+    # KV offload tiers (docs/offload.md): vLLM's native OffloadingConnector with a CPU tier
+    kv_offloading_size: float = option(
+        0.0,
+        help="KV offload: the CPU tier's size behind the GPU prefix cache, as vLLM's "
+        "--kv-offloading-size (0: no offload)",
+        unit="GiB",
+        default_text="0 (off)",
+        sweep="param",
+        check=at_least(0, maximum=MAX_OFFLOAD_GIB),
+        omit_default=True,
+    )
+    kv_offload_policy: OffloadPolicy = option(
+        "lru",
+        help="KV offload: which CPU chunk to evict, lru or arc (vLLM's extra_config "
+        "eviction_policy)",
+        unit="POLICY",
+        sweep="param",
+        omit_default=True,
+    )
+    kv_offload_block_size: int | None = option(
+        None,
+        help="KV offload: tokens per offloaded chunk, a multiple of --block-size (vLLM's "
+        "extra_config block_size)",
+        unit="TOKENS",
+        default_text="--block-size",
+        sweep="param",
+        check=at_least(1, maximum=MAX_BLOCK_SIZE),
+        omit_default=True,
+    )
+    kv_offload_link: str | None = option(
+        None,
+        help="KV offload: the CPU tier's link: "
+        + ", ".join(LINK_PRESETS)
+        + " (docs/offload.md gives each one's numbers and sources)",
+        unit="PRESET",
+        default_text="the GPU's host link (pcie4-host on A100 and L4, pcie5-host on H100, "
+        "H200 and GPU spec files)",
+        sweep="param",
+        check=one_of(*LINK_PRESETS),
+        omit_default=True,
+    )
+    kv_offload_read_gbps: float | None = option(
+        None,
+        help="KV offload: the link's tier -> GPU (load) bandwidth, replacing the preset's",
+        unit="GB/S",
+        default_text="the link preset's",
+        sweep="param",
+        check=above(0, maximum=1e6),
+        omit_default=True,
+    )
+    kv_offload_write_gbps: float | None = option(
+        None,
+        help="KV offload: the link's GPU -> tier (store) bandwidth, replacing the preset's",
+        unit="GB/S",
+        default_text="the link preset's",
+        sweep="param",
+        check=above(0, maximum=1e6),
+        omit_default=True,
+    )
+    kv_offload_latency_us: float | None = option(
+        None,
+        help="KV offload: the link's latency before a transfer moves its first byte, "
+        "replacing the preset's",
+        unit="MICROSECONDS",
+        default_text="the link preset's",
+        sweep="param",
+        check=at_least(0, maximum=1e9),
+        omit_default=True,
+    )
     allocator: Allocator = option(
         "paged",
         help="KV allocator: paged (vLLM), or a contiguous baseline reserving max_model_len "
@@ -340,7 +413,17 @@ class RunConfig:
         return "v1" if self.allocator == "paged" else "classic"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """config.json's options: every field, less those marked ``omit_default`` at their
+        default (a run without KV offload writes what it wrote before offload existed)."""
+        data = dataclasses.asdict(self)
+        for name, default in _OMITTED_AT_DEFAULT.items():
+            if data[name] == default and type(data[name]) is type(default):
+                del data[name]
+        return data
+
+    def offloads(self) -> bool:
+        """Whether the run has a KV offload tier (--kv-offloading-size above 0)."""
+        return self.kv_offloading_size > 0
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -400,6 +483,16 @@ def _trace_found_from_here(options: dict[str, Any], resolved: Any) -> dict[str, 
 @functools.cache
 def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(RunConfig)
+
+
+def _offload_block_size_problem(c: RunConfig) -> str | None:
+    size = c.kv_offload_block_size
+    if size is None or size % c.block_size == 0:
+        return None
+    return (
+        f"--kv-offload-block-size {size} must be a multiple of --block-size {c.block_size} "
+        "(an offloaded chunk is whole GPU blocks, as vLLM requires)"
+    )
 
 
 def _engine_only_in_cost_mode(c: RunConfig) -> str | None:
@@ -473,6 +566,13 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         and (c.mode != "cost" or c.resolved_scheduler() != "v1" or c.concurrency is not None)
         else None
     ),
+    lambda c: (
+        "KV offload (--kv-offloading-size above 0) runs with the v1 scheduler and paged KV "
+        "blocks (vLLM's OffloadingConnector is a v1 KV connector)"
+        if c.offloads() and c.resolved_scheduler() != "v1"
+        else None
+    ),
+    _offload_block_size_problem,
     _engine_only_in_cost_mode,
 )
 
@@ -480,6 +580,36 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
 def option_specs() -> dict[str, OptionSpec]:
     """Every RunConfig field's OptionSpec, in field order (the order of config.json)."""
     return {f.name: f.metadata["option"] for f in dataclasses.fields(RunConfig)}
+
+
+# Fields config.json leaves out at their default (OptionSpec.omit_default), with the default.
+_OMITTED_AT_DEFAULT = {
+    f.name: f.default for f in dataclasses.fields(RunConfig) if f.metadata["option"].omit_default
+}
+
+
+def offload_plan(config: RunConfig, model: ModelSpec, gpu_name: str) -> OffloadPlan | None:
+    """The CPU tier ``config`` asks for, sized for ``model`` (its KV bytes per block over
+    ``config.tp`` GPUs) with the link of ``gpu_name`` unless one is given; None without
+    offload. kvsim.costmodel.offload.plan_offload has the arithmetic (vLLM's)."""
+    if not config.offloads():
+        return None
+    link = resolve_link(
+        config.kv_offload_link,
+        gpu_name,
+        read_gbps=config.kv_offload_read_gbps,
+        write_gbps=config.kv_offload_write_gbps,
+        latency_us=config.kv_offload_latency_us,
+    )
+    return plan_offload(
+        model,
+        tp=config.tp,
+        gpu_block_size=config.block_size,
+        size_gib=config.kv_offloading_size,
+        offload_block_size=config.kv_offload_block_size,
+        policy=config.kv_offload_policy,
+        link=link,
+    )
 
 
 @dataclass(frozen=True, slots=True)

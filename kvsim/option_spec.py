@@ -44,6 +44,9 @@ class OptionSpec:
     sweep: SweepUse = "option"
     sweep_help: str | None = None  # the help of the sweep option, where it differs
     check: Check | None = None  # the value's bounds, after its type is checked
+    # config.json leaves the field out while it holds its default: a run without the feature
+    # keeps the config.json (and report) it had before the field existed
+    omit_default: bool = False
 
     def cli_flag(self, name: str) -> str:
         return self.flag or "--" + name.replace("_", "-")
