@@ -29,8 +29,8 @@ One rule of vLLM's is left out of the one-pass model: a request that loads from 
 (L > 0) does not offer its GPU-hit chunks [0, G) to the CPU tier (OffloadPolicy.CHUNK_LEVEL:
 ``update_state_after_alloc`` starts its stores after the loaded chunks), so their CPU recency
 is not refreshed. :func:`replay_tiers` replays one (g, c) block by block with that rule too;
-on the Mooncake conversation trace it gives the same hits as the model at every point
-measured (docs/metrics.md), on tiny random traces it sometimes differs (either way).
+on the Mooncake conversation trace it stays within 0.05 points of the model at every point
+measured (docs/metrics.md), on tiny random traces it sometimes differs more (either way).
 
 The optimal column is Belady's rule (kvsim.analysis.cache_curve.optimal_hit_blocks) for one
 cache of g + c blocks, with the CPU's lookup cap when c > 0: two tiers of g and c blocks hold

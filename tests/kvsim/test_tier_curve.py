@@ -276,3 +276,17 @@ def test_cli_num_blocks_gives_the_pool_of_the_one_tier_curve_too() -> None:
     # 100 blocks of the trace's 512 tokens, instead of the pool planned from GPU memory.
     assert "GPU pool (--num-blocks): 51,200 tokens" in result.output
     assert "KV pool of" not in result.output
+
+
+@pytest.mark.slow
+def test_whole_mooncake_with_a_64_gib_cpu_tier_behind_30000_gpu_blocks() -> None:
+    # Issue 29's acceptance point: llama-3.1-8b (2 MiB a 16-token block), GPU pool of 30,000
+    # blocks, 64 GiB CPU tier = 32,768 chunks. The CPU tier, barely larger than the GPU's,
+    # adds a little; the block-by-block replay with vLLM's store rule agrees.
+    trace = load_trace(shipped_trace_path("mooncake_fast25_conversation"))
+    curve = tier_curve(trace, [30_000], [0, 32_768], 16)
+    rate = curve.hit_rate()[0]
+    assert rate[0] == pytest.approx(0.0453, abs=0.0001)
+    assert rate[1] == pytest.approx(0.0459, abs=0.0001)
+    replayed = replay_tiers(trace, 30_000, 32_768, 16)
+    assert replayed.total_blocks == curve.gpu_hit_blocks[0, 1] + curve.cpu_hit_blocks[0, 1]
