@@ -149,7 +149,9 @@ def cache_curve_command(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Folder for curve.csv and curve.png", metavar="DIR", show_default="write nothing"
+            help="Folder for curve.csv and curve.png (with --tiers: tiers.csv and tiers.png)",
+            metavar="DIR",
+            show_default="write nothing",
         ),
     ] = None,
     force: Annotated[
