@@ -23,6 +23,17 @@ from __future__ import annotations
 from transfer_model import Link
 
 
+class OrderedSet(set):
+    """A set that iterates in a given order (set semantics otherwise)."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self._order = list(items)
+
+    def __iter__(self):
+        return iter(self._order)
+
+
 class OffloadSim:
     def __init__(self, scheduler, args):
         self.scheduler = scheduler
@@ -49,6 +60,22 @@ class OffloadSim:
             return result
 
         connector.get_num_new_matched_tokens = observed_lookup
+        # The connector walks SchedulerOutput.finished_req_ids, a set of str, to build the
+        # final stores of finished requests and to tell the policy they finished: with several
+        # finishing in one step, its decisions (job order, LRU ranks, evictions) would follow
+        # Python's salted string hash (PYTHONHASHSEED). Any order is one vLLM could take; hand
+        # it the order they finished in (the step's running order) so runs are reproducible.
+        self.finish_seq: dict[str, int] = {}
+        build = connector.build_connector_meta
+
+        def ordered_build(scheduler_output):
+            ids = scheduler_output.finished_req_ids
+            if ids and len(ids) > 1:
+                order = sorted(ids, key=lambda r: (self.finish_seq.get(r, 1 << 62), r))
+                scheduler_output.finished_req_ids = OrderedSet(order)
+            return build(scheduler_output)
+
+        connector.build_connector_meta = ordered_build
         self.totals = dict(load_jobs=0, store_jobs=0, loaded_blocks=0, stored_blocks=0,
                            loaded_chunks=0, stored_chunks=0, external_hit_tokens=0,
                            flush_wait_s=0.0, cpu_evicted=0, kv_lookup_delays=0)
@@ -188,6 +215,11 @@ class OffloadSim:
         for j in sorted(done, key=lambda j: j.job_id):
             meta.mark_completed(j.job_id)
         return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta)
+
+    def note_finished(self, request_ids) -> None:
+        """Requests reported finished, in the order update_from_output finished them."""
+        for rid in request_ids:
+            self.finish_seq[rid] = len(self.finish_seq)
 
     def busy(self) -> bool:
         return bool(self.link.jobs or self.deferred)

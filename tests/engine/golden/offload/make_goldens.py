@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -200,7 +201,10 @@ def record(python: str, driver: str, names: list[str]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.jsonl"
             cmd = [python, driver, str(TRACES / f"{trace}.jsonl"), "--out", str(out), *options]
-            subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+            # the driver orders vLLM's one hash-ordered set itself; a fixed seed keeps any
+            # other str-set order reproducible too
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, env=env)
             lines = [json.loads(line) for line in out.read_text().splitlines()]
         config, summary = lines[0], lines[-1]
         if summary.get("stalled") or summary.get("num_unfinished"):
