@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from engine.core.errors import SchedulerError
@@ -77,6 +78,7 @@ class ConnectorMeta:
     load_jobs: list[TransferJob]
     store_jobs: list[TransferJob]
     jobs_to_flush: set[int]
+    evicted_keys: list[int] = dataclasses.field(default_factory=list)  # from the CPU tier
 
 
 def step_kind(seqs: list[Sequence], num_new_tokens: list[int]) -> StepKind:

@@ -85,6 +85,7 @@ class OffloadConnector:
         self._block_pending_jobs: dict[int, set[int]] = {}  # freed block -> its pending stores
         self._batch_loads: list[TransferJob] = []
         self._batch_allocated: set[int] = set()
+        self._batch_evicted: list[OffloadKey] = []
         self._finished_since_meta: list[int] = []
         # Per-run totals (tokens, chunks) for metrics.
         self.num_loaded_chunks = 0
@@ -244,7 +245,8 @@ class OffloadConnector:
             self.manager.on_request_finished(st.ctx)
             if not st.transfer_jobs:
                 del self._states[st.seq.seq_id]
-        meta = ConnectorMeta(self._batch_loads, store_jobs, jobs_to_flush)
+        meta = ConnectorMeta(self._batch_loads, store_jobs, jobs_to_flush, self._batch_evicted)
+        self._batch_evicted = []
         self._batch_loads = []
         self._batch_allocated = set()
         self._finished_since_meta = []
@@ -274,6 +276,7 @@ class OffloadConnector:
         if out is None:
             return None  # the tier is full of pinned chunks: offered again next step
         st.next_stored_chunk = num_chunks
+        self._batch_evicted.extend(out.evicted_keys)
         if not out.keys_to_store:
             return None
         to_store = set(out.keys_to_store)
@@ -333,6 +336,6 @@ class OffloadConnector:
                 del self._states[job.seq_id]
         return done
 
-    def job(self, job_id: int) -> TransferJob:
-        """An in-flight job."""
-        return self._jobs[job_id]
+    def has_job(self, job_id: int) -> bool:
+        """``job_id`` is in flight."""
+        return job_id in self._jobs

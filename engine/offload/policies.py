@@ -79,7 +79,7 @@ class CachePolicy:
         return None and change nothing if there are fewer."""
         raise NotImplementedError
 
-    def keys(self) -> Iterable[OffloadKey]:
+    def held_keys(self) -> Iterable[OffloadKey]:
         """Every chunk held (ready or being stored)."""
         raise NotImplementedError
 
@@ -120,7 +120,7 @@ class LRUPolicy(CachePolicy):
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)
 
-    def keys(self) -> Iterable[OffloadKey]:
+    def held_keys(self) -> Iterable[OffloadKey]:
         return self.chunks.keys()
 
     def _request_rank(self, ctx: RequestContext) -> int:
@@ -226,7 +226,7 @@ class ARCPolicy(CachePolicy):
         chunk = self.t1.get(key)
         return chunk if chunk is not None else self.t2.get(key)
 
-    def keys(self) -> Iterable[OffloadKey]:
+    def held_keys(self) -> Iterable[OffloadKey]:
         return [*self.t1.keys(), *self.t2.keys()]
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: RequestContext) -> None:

@@ -1,0 +1,20 @@
+"""kvsim's offloading scheduler replays vLLM 0.33.0's OffloadingConnector goldens
+(golden/offload/, recorded with the reference driver) step for step: what each step
+schedules, admits, loads, stores, flushes and evicts, what the CPU tier holds, and who
+finishes — zero differences (tests/engine/offload_replay.py)."""
+
+from __future__ import annotations
+
+import pytest
+from offload_golden import GOLDEN
+from offload_replay import replay_offload
+
+FILES = sorted(GOLDEN.glob("*.steps.jsonl.gz"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
+def test_offload_golden_replays_with_zero_differences(path) -> None:  # type: ignore[no-untyped-def]
+    replay = replay_offload(path)
+    assert replay.differences == []
+    assert replay.steps_compared > 100
+    assert not replay.scheduler.has_unfinished()
