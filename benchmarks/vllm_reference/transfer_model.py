@@ -67,7 +67,8 @@ class Link:
                 self.now = to
             for j in list(self.jobs.values()):
                 # tolerance: float rounding of the shared-rate arithmetic
-                if j.submit_s + self.latency_s <= self.now and j.remaining <= 1e-9 * j.nbytes + 1e-6:
+                active = j.submit_s + self.latency_s <= self.now
+                if active and j.remaining <= 1e-9 * j.nbytes + 1e-6:
                     j.done_s = self.now
                     self.done.append(j)
                     del self.jobs[j.job_id]
