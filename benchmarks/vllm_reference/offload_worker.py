@@ -199,13 +199,13 @@ class OffloadSim:
             return t_fwd
         return max(t_fwd, min(self.link.next_completion(), next_arrival))
 
-    def end_step(self, t_end: float, rec: dict):
-        """The step's KVConnectorOutput: every job completed by t_end (None if none)."""
+    def end_step(self, t_poll: float, rec: dict):
+        """The step's KVConnectorOutput: every job completed by t_poll (None if none)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
             OffloadingWorkerMetadata,
         )
         from vllm.v1.outputs import KVConnectorOutput
-        done = self.link.collect(t_end)
+        done = self.link.collect(t_poll)
         rec["completed_jobs"] = sorted(j.job_id for j in done)
         self.last_completed = bool(done)
         if not done:

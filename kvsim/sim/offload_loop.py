@@ -59,7 +59,8 @@ def offload_engine_loop(
         if start > env.now:
             yield env.timeout(start - env.now)
         if out.is_empty:
-            if not out.rejected and not out.preempted:
+            # Stores this step built are submitted by the next step, at once (no idling).
+            if not out.rejected and not out.preempted and not meta.store_jobs:
                 yield from _idle_until_next(sim, worker)
             for seq in sched.update(out, [], worker.poll(env.now)):
                 sim._finish_seq(seq)

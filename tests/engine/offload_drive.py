@@ -89,7 +89,7 @@ def drive(
         meta = out.connector_meta
         if worker is not None and meta is not None:
             now = worker.start_step(meta, now)
-            if out.is_empty and not out.rejected and not out.preempted:
+            if out.is_empty and not out.rejected and not out.preempted and not meta.store_jobs:
                 due = [t for t in (worker.next_completion_time(),) if t is not None]
                 if k < len(seqs):
                     due.append(seqs[k].arrival_time)
