@@ -96,9 +96,11 @@ class OffloadConnector:
     def on_new_request(self, seq: Sequence) -> None:
         self._states[seq.seq_id] = _RequestState(seq)
 
-    def has_transfers(self) -> bool:
-        """Jobs are in flight: the engine must keep stepping until they report."""
-        return bool(self._jobs)
+    def has_pending_work(self) -> bool:
+        """Jobs in flight, or finished requests whose last stores are still to be made: the
+        engine must keep stepping (vLLM: has_pending_push_work, and finished_req_ids still
+        to reach the connector)."""
+        return bool(self._jobs or self._finished_since_meta)
 
     def _update_offload_keys(self, st: _RequestState) -> None:
         """One key per full chunk of the request's tokens: its last block's chained key;

@@ -60,8 +60,10 @@ class OffloadingV1Scheduler(V1Scheduler):
     # --- queues ---------------------------------------------------------------------------
 
     def has_unfinished(self) -> bool:
-        """Anything waits, loads or runs, or transfers are still in flight."""
-        return super().has_unfinished() or bool(self._kv_holding) or self.connector.has_transfers()
+        """Anything waits, loads or runs, or the connector has work left (transfers in
+        flight, a finished request's last stores)."""
+        pending = bool(self._kv_holding) or self.connector.has_pending_work()
+        return pending or super().has_unfinished()
 
     @property
     def num_waiting(self) -> int:

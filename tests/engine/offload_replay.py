@@ -1,12 +1,15 @@
 """Replay a KV-offload golden (recorded from vLLM 0.33.0's OffloadingConnector, see
 golden/offload/README.md) through kvsim's OffloadingV1Scheduler and list every difference.
 
-The golden gives, per step, the requests that arrived before it and the transfer jobs the
-worker reported done in its update; kvsim gets exactly those, so every difference is a
-decision of kvsim's scheduler or connector (what it scheduled, loaded, stored, flushed,
-evicted, and what the CPU tier holds), never a timing question. Job ids compare directly:
-kvsim numbers its jobs the way vLLM does (one counter, loads at admission, stores at the end
-of schedule()).
+By default the golden gives, per step, the requests that arrived before it and the transfer
+jobs the worker reported done in its update; kvsim gets exactly those, so every difference is
+a decision of kvsim's scheduler or connector (what it scheduled, loaded, stored, flushed,
+evicted, and what the CPU tier holds), never a timing question. With ``own_clock`` kvsim keeps
+its own time instead, as its simulator does (the reference's step times, kvsim's
+OffloadWorker on a TransferLink with the golden's link): then arrivals, step start times,
+flush waits and which completions each step reports are compared too. Job ids compare
+directly: kvsim numbers its jobs the way vLLM does (one counter, loads at admission, stores
+at the end of schedule()).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from v1_replay import SAMPLED, golden_scheduler_config, load_trace, make_sequenc
 from engine import BlockManager
 from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
+from engine.offload.transfer import TransferLink
+from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.prefix_cache import ensure_block_hashes
 
@@ -45,7 +50,7 @@ def _chunk_names(rows: list[dict[str, Any]], block_size: int, bpc: int) -> dict[
     return names
 
 
-def replay_offload(path: Path, *, max_diffs: int = 20) -> OffloadReplay:
+def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) -> OffloadReplay:
     golden: OffloadGolden = load_offload_golden(path)
     config = golden.config
     rows = load_trace(GOLDEN / config["trace"])
@@ -79,8 +84,26 @@ def replay_offload(path: Path, *, max_diffs: int = 20) -> OffloadReplay:
 
     seqs: dict[str, Sequence] = {}
     compared = 0
+    worker = OffloadWorker(
+        TransferLink(oc["read_bytes_per_s"], oc["write_bytes_per_s"], oc["link_latency_s"]),
+        oc["kv_bytes_per_block"],
+    )
+    base_s, per_token_s = _step_time(config)
+    now, next_row = 0.0, 0
     for gs in golden.steps:
-        for name in gs.raw["arrived"]:
+        n = gs.step
+        if own_clock:
+            if not sched.has_unfinished() and next_row < len(rows):
+                now = max(now, rows[next_row]["arrival_time_s"])  # idle until an arrival
+            differ(n, "start time", round(now, 9), round(gs.start_s, 9))
+            arrived = []
+            while next_row < len(rows) and rows[next_row]["arrival_time_s"] <= now:
+                arrived.append(str(rows[next_row]["request_id"]))
+                next_row += 1
+            differ(n, "arrived", arrived, gs.raw["arrived"])
+        else:
+            arrived = gs.raw["arrived"]
+        for name in arrived:
             row = rows[seq_of[name]]
             seq = make_sequence({**row, "request_id": seq_of[name]}, bs)
             seqs[name] = seq
@@ -88,7 +111,21 @@ def replay_offload(path: Path, *, max_diffs: int = 20) -> OffloadReplay:
         out = sched.schedule()
         meta = out.connector_meta
         assert meta is not None
-        n = gs.step
+        completed = gs.completed_jobs
+        if own_clock:
+            forward = worker.start_step(meta, now)
+            differ(n, "forward start", round(forward, 9), round(gs.forward_start_s, 9))
+            if out.num_batched_tokens:
+                completed = worker.poll(forward)
+                now = forward + base_s + per_token_s * out.num_batched_tokens
+            else:
+                now = forward
+                due = worker.next_completion_time()
+                if not meta.store_jobs and due is not None:
+                    arrival = rows[next_row]["arrival_time_s"] if next_row < len(rows) else due
+                    now = max(now, min(due, arrival))
+                completed = worker.poll(now)
+            differ(n, "completed jobs", sorted(completed), sorted(gs.completed_jobs))
         differ(
             n,
             "scheduled tokens",
@@ -122,11 +159,20 @@ def replay_offload(path: Path, *, max_diffs: int = 20) -> OffloadReplay:
         if gs.cpu_chunks is not None:
             held = {names[k] for k in tier.policy.held_keys()}
             differ(n, "CPU tier contents", sorted(held), sorted(gs.cpu_chunks))
-        in_flight = [j for j in gs.completed_jobs if sched.connector.has_job(j)]
-        differ(n, "completed jobs kvsim knows", in_flight, gs.completed_jobs)
+        in_flight = [j for j in completed if sched.connector.has_job(j)]
+        differ(n, "completed jobs kvsim knows", in_flight, completed)
         finished = sched.update(out, [SAMPLED] * len(out.seqs), in_flight)
-        differ(
-            n, "finished", sorted(name_of[s.seq_id] for s in finished), sorted(gs.raw["finished"])
-        )
+        done = sorted(name_of[s.seq_id] for s in finished)
+        differ(n, "finished", done, sorted(gs.raw["finished"]))
         compared += 1
+        idle = own_clock and not out.num_batched_tokens and not worker.has_work()
+        if idle and not in_flight and next_row < len(rows) and not out.preempted:
+            now = max(now, rows[next_row]["arrival_time_s"])  # idle until an arrival
     return OffloadReplay(compared, diffs, sched)
+
+
+def _step_time(config: dict[str, Any]) -> tuple[float, float]:
+    """The reference's logical step time, base + per token (s): its time_model line."""
+    model = config["time_model"].removeprefix("dt = ").removesuffix(" * num_scheduled_tokens")
+    base, per_token = model.split(" + ")
+    return float(base), float(per_token)

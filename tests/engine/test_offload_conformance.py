@@ -1,7 +1,8 @@
 """kvsim's offloading scheduler replays vLLM 0.33.0's OffloadingConnector goldens
 (golden/offload/, recorded with the reference driver) step for step: what each step
 schedules, admits, loads, stores, flushes and evicts, what the CPU tier holds, and who
-finishes — zero differences (tests/engine/offload_replay.py)."""
+finishes — zero differences (tests/engine/offload_replay.py); and on kvsim's own clock, the
+same step times and reported transfer completions."""
 
 from __future__ import annotations
 
@@ -18,3 +19,11 @@ def test_offload_golden_replays_with_zero_differences(path) -> None:  # type: ig
     assert replay.differences == []
     assert replay.steps_compared > 100
     assert not replay.scheduler.has_unfinished()
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
+def test_offload_golden_replays_on_kvsims_own_clock(path) -> None:  # type: ignore[no-untyped-def]
+    # kvsim's worker and transfer model time every step: same arrivals, start times, flush
+    # waits and reported completions as the reference (the goldens' step-time model)
+    replay = replay_offload(path, own_clock=True)
+    assert replay.differences == []

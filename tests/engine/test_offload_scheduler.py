@@ -135,7 +135,7 @@ def test_offload_keeps_the_invariants_and_finishes_everything(
     assert not d.sched.has_unfinished()
     assert all(s.is_finished for s in d.seqs)
     connector = d.sched.connector
-    assert connector is not None and not connector.has_transfers()
+    assert connector is not None and not connector.has_pending_work()
     # every load read chunks the tier held; nothing pinned is left
     manager = connector.manager
     assert manager.num_write_pending == 0
