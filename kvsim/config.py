@@ -163,6 +163,7 @@ class RunConfig:
         False,
         help="Accept --max-model-len beyond the model's context as a what-if (vLLM 0.33 "
         "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
+        omit_default=True,
     )
     watermark: float | None = option(
         None,
