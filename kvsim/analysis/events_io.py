@@ -40,6 +40,7 @@ METRIC_KINDS = (
     EventKind.FINISH,
     EventKind.ABORT,
     EventKind.REJECT,
+    EventKind.OFFLOAD_LOAD,  # a load's lookup counts at its step (kvsim/analysis/prefix_metrics.py)
 )
 
 

@@ -60,7 +60,9 @@ def offload_engine_loop(
             yield env.timeout(start - env.now)
         if out.is_empty:
             # Stores this step built are submitted by the next step, at once (no idling).
-            if not out.rejected and not out.preempted and not meta.store_jobs:
+            idle = not out.rejected and not out.preempted and not meta.store_jobs
+            # (this step may have ended the connector's last work: then nothing is left)
+            if idle and sched.has_unfinished():
                 yield from _idle_until_next(sim, worker)
             for seq in sched.update(out, [], worker.poll(env.now)):
                 sim._finish_seq(seq)
