@@ -331,9 +331,7 @@ def simulate(
             fast=config.fast_decode and placeholder_tokens and offload is None,
             **_offload_option(offload),
         )  # fmt: skip
-        compiled = offload is None and compiled_v1_applies(
-            scheduler, executor, config.fast_decode
-        )
+        compiled = offload is None and compiled_v1_applies(scheduler, executor, config.fast_decode)
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
         prefix_of = prefix_source_of(trace, config.block_size)

@@ -19,9 +19,11 @@ from array import array
 from collections.abc import Generator
 from typing import Any
 
+import numpy as np
 import simpy
 
 from engine.offload.worker import OffloadWorker
+from kvsim.sim.records import OffloadRecords
 
 Progress = Any  # kvsim.sim.simulation.Progress (that module imports this one)
 
@@ -88,3 +90,19 @@ def _idle_until_next(sim: Any, worker: OffloadWorker) -> Generator[simpy.Event, 
         yield sim._wake
     else:
         yield env.any_of([sim._wake, env.timeout(max(due - env.now, 0.0))])
+
+
+def offload_records(sim: Any, trace: TierTrace) -> OffloadRecords | None:
+    """What ``sim``'s transfers and tier did (None without offloading)."""
+    worker = sim.offload_worker
+    connector = getattr(sim.scheduler, "connector", None)
+    if worker is None or connector is None:
+        return None
+    return OffloadRecords(
+        tier_capacity_chunks=connector.config.num_chunks,
+        blocks_per_chunk=connector.config.blocks_per_chunk,
+        bytes_per_block=worker.bytes_per_block,
+        jobs=list(worker.timings.values()),
+        step_tier_chunks=np.frombuffer(trace.chunks, dtype=np.int64).copy(),
+        step_tier_evictions=np.frombuffer(trace.evictions, dtype=np.int64).copy(),
+    )

@@ -36,8 +36,8 @@ from engine.offload.worker import OffloadWorker
 from engine.v1.prefix_keys import PrefixSource
 from kvsim.sim.executor import Executor
 from kvsim.sim.gc_passes import fewer_gc_passes
-from kvsim.sim.offload_loop import TierTrace, offload_engine_loop
-from kvsim.sim.records import OffloadRecords, SimResult, SimSettings
+from kvsim.sim.offload_loop import TierTrace, offload_engine_loop, offload_records
+from kvsim.sim.records import SimResult, SimSettings
 from workloads import Request, closed_loop
 
 Progress = Callable[[float, int], None]  # (simulated seconds, requests done)
@@ -417,19 +417,5 @@ class Simulation:
             step_cached_free_blocks=None
             if self._cached_free is None
             else np.frombuffer(self._cached_free, dtype=np.int64).copy(),
-            offload=self._offload_records(),
-        )
-
-    def _offload_records(self) -> OffloadRecords | None:
-        worker = self.offload_worker
-        connector = getattr(self.scheduler, "connector", None)
-        if worker is None or connector is None:
-            return None
-        return OffloadRecords(
-            tier_capacity_chunks=connector.config.num_chunks,
-            blocks_per_chunk=connector.config.blocks_per_chunk,
-            bytes_per_block=worker.bytes_per_block,
-            jobs=list(worker.timings.values()),
-            step_tier_chunks=np.frombuffer(self._tier_trace.chunks, dtype=np.int64).copy(),
-            step_tier_evictions=np.frombuffer(self._tier_trace.evictions, dtype=np.int64).copy(),
+            offload=offload_records(self, self._tier_trace),
         )
