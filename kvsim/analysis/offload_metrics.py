@@ -36,7 +36,9 @@ def offload_request_columns(
     cols: Columns, records: OffloadRecords, n: int, admit_time: np.ndarray
 ) -> dict[str, np.ndarray]:
     """requests.parquet's offload columns: ``offload_load_start_s`` (when its first load was
-    issued), ``offload_transfer_s`` (that load's transfer time, s), ``offload_load_wait_s``
+    issued), ``offload_transfer_s`` (that load's transfer time, s), ``offload_recompute_s``
+    (what a lone prefill of the loaded tokens takes on the run's step-time model: loading
+    pays off when it is the larger; vLLM's rule does not compare), ``offload_load_wait_s``
     (issue to admission: the TTFT share spent loading) and ``offload_bytes_loaded``."""
     kind, seq = cols["kind"], cols["seq_id"].astype(np.int64)
     is_load = kind == EventKind.OFFLOAD_LOAD
@@ -54,9 +56,18 @@ def offload_request_columns(
         transfer = _per_seq_first(load_seq, took, n)
         nbytes = np.fromiter((j.nbytes for j in loads), np.int64, len(loads))
         loaded_bytes = np.bincount(load_seq, weights=nbytes, minlength=n)[:n].astype(np.int64)
+    recompute = np.full(n, np.nan)
+    if loads:
+        costs = np.fromiter(
+            (records.load_recompute_s.get(j.job.job_id, np.nan) for j in loads),
+            np.float64,
+            len(loads),
+        )
+        recompute = _per_seq_first(load_seq, costs, n)
     return {
         "offload_load_start_s": start,
         "offload_transfer_s": transfer,
+        "offload_recompute_s": recompute,
         "offload_load_wait_s": admit_time - start,
         "offload_bytes_loaded": loaded_bytes,
     }
@@ -83,6 +94,13 @@ def offload_summary(
             "transfer_s": distribution(times),
         }
     chunks = records.step_tier_chunks
+    slower = sum(
+        1
+        for j in records.jobs
+        if not j.job.is_store
+        and j.completed_s is not None
+        and j.completed_s - j.submitted_s > records.load_recompute_s.get(j.job.job_id, np.inf)
+    )
     capacity = records.tier_capacity_chunks
     return {
         "tier": "cpu",
@@ -99,6 +117,7 @@ def offload_summary(
         "external_prefix_cache_hit_rate": external / queries if queries else None,
         "hit_rate_all_tiers": (local + external) / prompt if prompt else None,
         "requests_loading": int((adm.offload_tokens[first] > 0).sum()),
+        "loads_slower_than_recompute": slower,
         "load_wait_s": distribution(requests_load_wait[~np.isnan(requests_load_wait)]),
         "loads": moved["load"],
         "stores": moved["store"],

@@ -23,17 +23,30 @@ import numpy as np
 import simpy
 
 from engine.offload.worker import OffloadWorker
+from kvsim.costmodel.model import BatchShape
 from kvsim.sim.records import OffloadRecords
 
 Progress = Any  # kvsim.sim.simulation.Progress (that module imports this one)
 
 
 class TierTrace:
-    """The tier's occupancy at each executed step (aligned with the simulation's steps)."""
+    """The tier's occupancy at each executed step (aligned with the simulation's steps), and
+    for each load what recomputing its tokens instead would have taken."""
 
     def __init__(self) -> None:
         self.chunks = array("q")
         self.evictions = array("q")
+        self.recompute_s: dict[int, float] = {}  # load job id -> seconds
+
+    def price_loads(self, executor: Any, loads: list[Any], sched: Any) -> None:
+        """Each load's tokens as one prefill of its request alone, after its GPU hit, on the
+        run's own step-time model (what computing them instead of loading would cost)."""
+        bs = sched.block_manager.block_size
+        for job in loads:
+            seq = sched._unfinished[job.seq_id]
+            self.recompute_s[job.job_id] = prefill_time_s(
+                executor, seq.offload_hit_tokens, seq.prefix_hit_tokens, bs
+            )
 
     def record(self, sched: Any) -> None:
         manager = sched.connector.manager
@@ -57,6 +70,8 @@ def offload_engine_loop(
         out = sched.schedule()
         meta = out.connector_meta
         assert meta is not None
+        if meta.load_jobs:
+            trace.price_loads(executor, meta.load_jobs, sched)
         start = worker.start_step(meta, env.now)
         if start > env.now:
             yield env.timeout(start - env.now)
@@ -105,4 +120,24 @@ def offload_records(sim: Any, trace: TierTrace) -> OffloadRecords | None:
         jobs=list(worker.timings.values()),
         step_tier_chunks=np.frombuffer(trace.chunks, dtype=np.int64).copy(),
         step_tier_evictions=np.frombuffer(trace.evictions, dtype=np.int64).copy(),
+        load_recompute_s=trace.recompute_s,
     )
+
+
+def prefill_time_s(executor: Any, tokens: int, cached: int, block_size: int) -> float:
+    """Seconds of one step prefilling ``tokens`` tokens of a request after ``cached`` cached
+    ones, alone, on ``executor``'s step-time model (the cost model, or a linear step time)."""
+    cost_model = getattr(executor, "cost_model", None)
+    if cost_model is None:
+        return float(executor.base_s + executor.per_token_s * tokens)
+    shape = BatchShape(
+        num_seqs=1,
+        num_batched_tokens=tokens,
+        num_decode_seqs=0,
+        decode_context_tokens=0,
+        prefill_causal_pairs=tokens * (tokens + 1) // 2,
+        prefill_cached_pairs=tokens * cached,
+        prefill_cached_tokens=cached,
+        num_blocks_walked=-(-(cached + tokens) // block_size),
+    )
+    return float(cost_model.step_time(shape))

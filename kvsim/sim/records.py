@@ -59,3 +59,5 @@ class OffloadRecords:
     jobs: list[JobTiming]  # every job submitted, in submission order
     step_tier_chunks: np.ndarray  # chunks the tier held as each step was scheduled
     step_tier_evictions: np.ndarray  # chunks evicted from the tier by then (cumulative)
+    # load job id -> seconds a lone prefill of its tokens would take instead (the run's model)
+    load_recompute_s: dict[int, float] = dataclasses.field(default_factory=dict)

@@ -51,6 +51,8 @@ def test_a_prefix_the_gpu_lost_is_loaded_from_the_cpu_tier(tmp_path: Path) -> No
     assert r2["prefix_hit_tokens"] + r2["offload_hit_tokens"] == 80
     assert r2["offload_transfer_s"] > 0 and r2["offload_load_wait_s"] >= r2["offload_transfer_s"]
     assert r2["offload_bytes_loaded"] == r2["offload_hit_tokens"] * 131072  # 128 KiB a token
+    # recomputing instead: one lone prefill of the loaded tokens on the run's step time
+    assert r2["offload_recompute_s"] == 0.005 + 1e-5 * r2["offload_hit_tokens"]
     summary = json.loads((out / "summary.json").read_text())
     offload = summary["offload"]
     assert offload["prompt_tokens_by_source"]["external_kv_transfer"] == r2["offload_hit_tokens"]
