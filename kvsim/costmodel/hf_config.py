@@ -1,6 +1,7 @@
 """Build a ModelSpec from a Hugging Face config.json, and resolve ``--model`` (preset or path).
 
-Reads llama / mistral / qwen2 / opt style keys. Only the config is read: no weights, no
+Reads llama / mistral / qwen2 / opt style keys, and the experts of mixtral / qwen2_moe /
+qwen3_moe configs. Only the config is read: no weights, no
 tokenizer, no network. Every bad or missing key raises CostModelError naming file and key.
 """
 
@@ -98,6 +99,57 @@ def _context_len(config: dict[str, object], model_type: str, source: str) -> int
     return max(1, int(context))
 
 
+# MoE families kvsim models (every layer a mixture of experts, split over tp like a dense MLP),
+# and the keys that make any other family a mixture of experts it does not model.
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _moe_fields(config: dict[str, object], model_type: str, source: str) -> dict[str, int]:
+    """The ModelSpec MoE fields of a Mixtral / Qwen2-MoE / Qwen3-MoE config (empty for a dense
+    one); any other config naming experts is refused, as is a layout kvsim does not model."""
+    if model_type not in _MOE_TYPES:
+        for key in _EXPERT_KEYS:
+            if config.get(key) not in (None, 0):
+                raise CostModelError(
+                    f"{source}: key {key!r}: mixture-of-experts model_type {model_type!r} is "
+                    f"not modelled (kvsim models {', '.join(_MOE_TYPES)})"
+                )
+        return {}
+    mixtral = model_type == "mixtral"
+    experts = _required_int(config, ("num_local_experts",) if mixtral else ("num_experts",), source)
+    top_k = _required_int(config, ("num_experts_per_tok",), source)
+    if top_k > experts:
+        raise CostModelError(
+            f"{source}: key 'num_experts_per_tok' ({top_k}) must be at most the number of "
+            f"experts ({experts})"
+        )
+    width_key = "intermediate_size" if mixtral else "moe_intermediate_size"
+    shared = 0
+    if model_type == "qwen2_moe":
+        shared = _required_int(config, ("shared_expert_intermediate_size",), source)
+    if not mixtral:
+        # Qwen MoE configs can make some layers dense; kvsim prices every layer as MoE.
+        step = config.get("decoder_sparse_step", 1)
+        if step is not None and step != 1:
+            raise CostModelError(
+                f"{source}: key 'decoder_sparse_step' must be 1 (every layer MoE: kvsim models "
+                f"no dense layers between MoE ones), got {shown(step)}"
+            )
+        dense = config.get("mlp_only_layers")
+        if dense not in (None, []):
+            raise CostModelError(
+                f"{source}: key 'mlp_only_layers' must be empty (kvsim models no dense layers "
+                f"in an MoE model), got {shown(dense)}"
+            )
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": _required_int(config, (width_key,), source),
+        "shared_expert_intermediate_size": shared,
+    }
+
+
 def model_spec_from_hf_config(
     path: str | Path, *, name: str | None = None, num_params: int | None = None
 ) -> ModelSpec:
@@ -153,6 +205,7 @@ def model_spec_from_hf_config(
             f"'num_attention_heads' ({num_heads})"
         )
 
+    moe = _moe_fields(config, model_type, source)
     if num_params is None:
         num_params = estimate_num_params(
             num_layers=num_layers,
@@ -164,6 +217,9 @@ def model_spec_from_hf_config(
             vocab_size=vocab_size,
             gated_mlp=not is_opt,
             tie_word_embeddings=tie,
+            num_experts=moe.get("num_experts", 0),
+            moe_intermediate_size=moe.get("moe_intermediate_size", 0),
+            shared_expert_intermediate_size=moe.get("shared_expert_intermediate_size", 0),
         )
     if name is None:
         raw = config.get("_name_or_path")
@@ -183,6 +239,7 @@ def model_spec_from_hf_config(
         max_model_len=max_model_len,
         gated_mlp=not is_opt,
         tie_word_embeddings=tie,
+        **moe,
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvsim.costmodel.modelspec import ModelSpec
+from kvsim.costmodel.moe import MoEShapes
 from kvsim.costmodel.sharding import check_heads_divide, kv_heads_on_gpu
 
 if TYPE_CHECKING:
@@ -40,6 +41,26 @@ LINEAR_OPS = (
     "add",
 )
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+# An MoE layer's MLP (kvsim/costmodel/moe.py), in the place of mlp_up_proj, mlp_act and
+# mlp_down_proj: router GEMM, top-k selection and grouping, the experts' grouped GEMMs and their
+# activation, the weighted sum of each token's k outputs; then the shared expert, if any.
+MOE_OPS = ("moe_router", "moe_routing", "moe_up_proj", "moe_act", "moe_down_proj", "moe_combine")
+SHARED_EXPERT_OPS = ("shared_up_proj", "shared_act", "shared_down_proj", "shared_gate")
+_DENSE_MLP_OPS = ("mlp_up_proj", "mlp_act", "mlp_down_proj")
+
+
+def layer_ops(shapes: LayerShapes) -> tuple[str, ...]:
+    """The operators of one layer of ``shapes``, in the order their times are summed:
+    LINEAR_OPS for a dense MLP; for an MoE one, its three MLP operators replaced by MOE_OPS
+    (and SHARED_EXPERT_OPS where the model has a shared expert)."""
+    if shapes.moe is None:
+        return LINEAR_OPS
+    mlp = MOE_OPS + (SHARED_EXPERT_OPS if shapes.moe.shared_width else ())
+    at = LINEAR_OPS.index("mlp_up_proj")
+    rest = tuple(op for op in LINEAR_OPS[at:] if op not in _DENSE_MLP_OPS)
+    return LINEAR_OPS[:at] + mlp + rest
+
+
 ELEMENTWISE_OPS = ("attn_rope", "mlp_act", "input_layernorm", "post_attention_layernorm", "add")
 
 
@@ -54,6 +75,7 @@ class LayerShapes:
     mlp_width: Int  # intermediate_size / tp
     gated_mlp: bool | npt.NDArray[np.bool_]
     dtype_bytes: Int
+    moe: MoEShapes | None = None  # the MLP is a mixture of experts (one model only)
 
     @classmethod
     def from_model(cls, model: ModelSpec, tp: int) -> LayerShapes:
@@ -68,6 +90,7 @@ class LayerShapes:
             mlp_width=model.intermediate_size // tp,
             gated_mlp=model.gated_mlp,
             dtype_bytes=model.dtype_bytes,
+            moe=MoEShapes.from_model(model, tp),
         )
 
     @classmethod

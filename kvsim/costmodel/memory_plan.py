@@ -58,12 +58,19 @@ def default_activation_reserve(
 
     The peak is inside the MLP for a batch of ``max_num_batched_tokens``: residual, normed input
     and attention output (3 x hidden) plus gate/up output and activation (3 x intermediate / tp),
-    at the serving dtype; then fp32 logits and probabilities for ``max_num_seqs`` rows of the
+    at the serving dtype (an MoE layer: top-k x (3 x expert width / tp + hidden), plus 3 x the
+    shared expert's width / tp); then fp32 logits and probabilities for ``max_num_seqs`` rows of the
     full vocabulary; plus NON_TORCH_RESERVE_BYTES.
     """
     positive_int(max_num_batched_tokens, "max_num_batched_tokens", "memory plan")
     positive_int(max_num_seqs, "max_num_seqs", "memory plan")
     widths = 3 * model.hidden_size + 3 * model.intermediate_size // tp
+    if model.is_moe:
+        # Each token's top-k copies: gate/up output, activation and expert output (vLLM's
+        # fused-MoE intermediate caches), plus the shared expert's gate/up and activation.
+        k, width = model.num_experts_per_tok, model.moe_intermediate_size // tp
+        shared = model.shared_expert_intermediate_size // tp
+        widths = 3 * model.hidden_size + k * (3 * width + model.hidden_size) + 3 * shared
     activations = max_num_batched_tokens * widths * model.dtype_bytes
     logits = 2 * max_num_seqs * model.vocab_size * 4
     return NON_TORCH_RESERVE_BYTES + activations + logits

@@ -6,6 +6,7 @@ parameters or bytes; ``dtype_bytes`` is the serving dtype (2 for fp16/bf16).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -19,6 +20,12 @@ class ModelSpec:
     ``num_params`` is the true parameter count (weights in memory = num_params * dtype_bytes);
     ``gated_mlp`` says the MLP has three matrices (SwiGLU: gate, up, down) rather than two
     (OPT's fc1/fc2); ``tie_word_embeddings`` says the LM head shares the embedding matrix.
+
+    Mixture of experts (``num_experts > 0``): every layer's MLP is ``num_experts`` MLPs of width
+    ``moe_intermediate_size``, of which a router picks ``num_experts_per_tok`` per token, plus
+    an optional shared expert of width ``shared_expert_intermediate_size`` that every token
+    runs; ``intermediate_size`` is then the config's dense width, which no layer uses. A dense
+    model leaves the four MoE fields at 0.
     """
 
     name: str
@@ -34,6 +41,10 @@ class ModelSpec:
     max_model_len: int
     gated_mlp: bool = True
     tie_word_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         source = f"model {self.name!r}"
@@ -64,6 +75,32 @@ class ModelSpec:
                 raise CostModelError(
                     f"{source}: {field} must be a bool, got {getattr(self, field)!r}"
                 )
+        self._check_moe(source)
+
+    def _check_moe(self, source: str) -> None:
+        fields = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+        for field in ("num_experts", *fields):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CostModelError(f"{source}: {field} must be an integer >= 0, got {value!r}")
+        if self.num_experts == 0:
+            for field in fields:
+                if getattr(self, field):
+                    raise CostModelError(
+                        f"{source}: {field} ({getattr(self, field)}) needs num_experts > 0"
+                    )
+            return
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise CostModelError(
+                f"{source}: num_experts_per_tok must be in 1..num_experts ({self.num_experts}), "
+                f"got {self.num_experts_per_tok!r}"
+            )
+        positive_int(self.moe_intermediate_size, "moe_intermediate_size", source)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLPs are mixtures of experts."""
+        return self.num_experts > 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -80,6 +117,8 @@ class ModelSpec:
         """Parameters of the per-layer matrices (QKV, O, MLP), all layers; no norms or biases.
 
         This is what the linear layers multiply every token by: 2 FLOPs per parameter per token.
+        For an MoE model these are the matrices one token meets: attention, the router, its
+        ``num_experts_per_tok`` experts and the shared expert (the active parameters per layer).
         """
         return self.num_layers * _layer_matmul_params(
             hidden_size=self.hidden_size,
@@ -88,7 +127,45 @@ class ModelSpec:
             head_dim=self.head_dim,
             intermediate_size=self.intermediate_size,
             gated_mlp=self.gated_mlp,
+            moe=self._moe_sizes(active=True),
         )
+
+    def _moe_sizes(self, *, active: bool) -> tuple[int, int, int, int] | None:
+        """(experts counted, num_experts, expert width, shared width): _layer_matmul_params."""
+        if not self.is_moe:
+            return None
+        experts = self.num_experts_per_tok if active else self.num_experts
+        return (
+            experts,
+            self.num_experts,
+            self.moe_intermediate_size,
+            self.shared_expert_intermediate_size,
+        )
+
+    @property
+    def router_params(self) -> int:
+        """Parameters of the routers (hidden x num_experts per layer): replicated under tp."""
+        return self.num_layers * self.hidden_size * self.num_experts
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of all routed experts, all layers (0 for a dense model)."""
+        mult = 3 if self.gated_mlp else 2
+        return (
+            self.num_layers
+            * self.num_experts
+            * mult
+            * self.hidden_size
+            * self.moe_intermediate_size
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward pass uses: num_params less the experts it skips."""
+        if not self.is_moe:
+            return self.num_params
+        skipped = self.num_experts - self.num_experts_per_tok
+        return self.num_params - self.expert_params // self.num_experts * skipped
 
     @property
     def kv_proj_params(self) -> int:
@@ -109,10 +186,20 @@ def _layer_matmul_params(
     head_dim: int,
     intermediate_size: int,
     gated_mlp: bool,
+    moe: tuple[int, int, int, int] | None = None,
 ) -> int:
+    """One layer's matrices. ``moe`` = (experts counted, num_experts, expert width, shared
+    width) replaces the dense MLP by that many experts, the router (hidden x num_experts) and
+    the shared expert with its one-output gate."""
     q_and_o = 2 * hidden_size * num_heads * head_dim
     k_and_v = 2 * hidden_size * num_kv_heads * head_dim
-    mlp = (3 if gated_mlp else 2) * hidden_size * intermediate_size
+    mult = 3 if gated_mlp else 2
+    if moe is None:
+        return q_and_o + k_and_v + mult * hidden_size * intermediate_size
+    experts, num_experts, width, shared = moe
+    mlp = experts * mult * hidden_size * width + hidden_size * num_experts
+    if shared:
+        mlp += mult * hidden_size * shared + hidden_size  # shared expert and its sigmoid gate
     return q_and_o + k_and_v + mlp
 
 
@@ -127,12 +214,20 @@ def estimate_num_params(
     vocab_size: int,
     gated_mlp: bool = True,
     tie_word_embeddings: bool = False,
+    num_experts: int = 0,
+    moe_intermediate_size: int = 0,
+    shared_expert_intermediate_size: int = 0,
 ) -> int:
     """Parameter count from the architecture: embeddings + layers + final norm + untied LM head.
 
     Biases and learned position embeddings are ignored (under 0.1% for the presets); each layer
-    has two norm weight vectors of ``hidden_size``.
+    has two norm weight vectors of ``hidden_size``. With ``num_experts > 0`` each layer's MLP is
+    that many experts of ``moe_intermediate_size``, a router (hidden x num_experts) and, where
+    ``shared_expert_intermediate_size`` is given, a shared expert and its one-output gate.
     """
+    moe = None
+    if num_experts:
+        moe = (num_experts, num_experts, moe_intermediate_size, shared_expert_intermediate_size)
     per_layer = (
         _layer_matmul_params(
             hidden_size=hidden_size,
@@ -141,6 +236,7 @@ def estimate_num_params(
             head_dim=head_dim,
             intermediate_size=intermediate_size,
             gated_mlp=gated_mlp,
+            moe=moe,
         )
         + 2 * hidden_size
     )
@@ -209,6 +305,32 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
                 max_model_len=2048,
                 gated_mlp=False,
                 tie_word_embeddings=True,
+            ),
+            # Mixtral-8x7B-v0.1: 8 experts of width 14336 (its config's intermediate_size),
+            # top-2; sliding_window null. 46.7B parameters, 12.9B active per token.
+            dataclasses.replace(
+                _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 46_702_792_704, 32768),
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=14336,
+            ),
+            # Qwen3-30B-A3B: 128 experts of width 768, top-8, no shared expert; head_dim 128
+            # (not hidden / heads = 64); intermediate_size 6144 is unused (no mlp_only_layers).
+            ModelSpec(
+                name="qwen3-30b-a3b",
+                num_layers=48,
+                hidden_size=2048,
+                num_heads=32,
+                num_kv_heads=4,
+                head_dim=128,
+                intermediate_size=6144,
+                vocab_size=151936,
+                dtype_bytes=2,
+                num_params=30_532_122_624,
+                max_model_len=40960,
+                num_experts=128,
+                num_experts_per_tok=8,
+                moe_intermediate_size=768,
             ),
         )
     }

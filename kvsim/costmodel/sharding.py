@@ -3,7 +3,9 @@
 Attention heads, the MLP's intermediate dimension, the embedding and the LM head are split ``tp``
 ways. KV heads are split too while ``tp <= num_kv_heads``; beyond that vLLM replicates them so each
 GPU holds exactly one KV head (its K/V projections and cache are copied ``tp / num_kv_heads``
-times). Norm weights are replicated; they are ignored (a few hidden-size vectors).
+times). Norm weights are replicated; they are ignored (a few hidden-size vectors). An MoE model's
+experts are each split like a dense MLP (tensor parallelism of experts); its routers are
+replicated. Expert parallelism (whole experts per GPU) is not modelled.
 """
 
 from __future__ import annotations
@@ -70,17 +72,19 @@ def shard_model(model: ModelSpec, tp: int = 1, *, strict: bool = True) -> Sharde
         check_heads_divide(model, tp)
     kv_heads_per_gpu = kv_heads_on_gpu(model, tp)
     # K/V projections are sized by the KV heads a GPU holds (replicated when tp > num_kv_heads);
-    # everything else is an even split of the whole parameter count.
+    # an MoE router is replicated (vLLM's ReplicatedLinear gate); everything else, every
+    # expert's intermediate dimension included, is an even split of the parameter count.
     kv_proj_per_gpu = model.kv_proj_params * kv_heads_per_gpu // model.num_kv_heads
-    other_params_per_gpu = (model.num_params - model.kv_proj_params) // tp
+    replicated = kv_proj_per_gpu + model.router_params
+    split = model.kv_proj_params + model.router_params
+    other_params_per_gpu = (model.num_params - split) // tp
     return ShardedModel(
         model=model,
         tp=tp,
         heads_per_gpu=model.num_heads // tp,
         kv_heads_per_gpu=kv_heads_per_gpu,
-        weight_bytes_per_gpu=(other_params_per_gpu + kv_proj_per_gpu) * model.dtype_bytes,
-        layer_matmul_params_per_gpu=(model.layer_matmul_params - model.kv_proj_params) // tp
-        + kv_proj_per_gpu,
+        weight_bytes_per_gpu=(other_params_per_gpu + replicated) * model.dtype_bytes,
+        layer_matmul_params_per_gpu=(model.layer_matmul_params - split) // tp + replicated,
         lm_head_params_per_gpu=model.lm_head_params // tp,
         kv_bytes_per_token_per_gpu=2
         * model.num_layers

@@ -19,7 +19,14 @@ from kvsim.costmodel.coefficients import (
     StepCoefficients,
 )
 from kvsim.costmodel.gpuspec import GPUSpec
-from kvsim.costmodel.layer_shapes import ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, LayerShapes
+from kvsim.costmodel.layer_shapes import (
+    ELEMENTWISE_OPS,
+    GEMM_OPS,
+    LINEAR_OPS,
+    LayerShapes,
+    layer_ops,
+)
+from kvsim.costmodel.moe import MOE_BLOCK_ROWS, MoEShapes, expected_experts_touched
 from kvsim.costmodel.specio import CostModelError
 
 Array = np.ndarray | float | int
@@ -52,25 +59,91 @@ def elementwise_time(
 def linear_op_times(
     co: StepCoefficients, gpu: GPUSpec, shapes: LayerShapes, num_tokens: Array
 ) -> dict[str, np.ndarray]:
-    """Each of the nine non-attention operators of one layer for ``num_tokens`` tokens (s)."""
+    """Each non-attention operator of one layer for ``num_tokens`` tokens (s): the nine of
+    LINEAR_OPS, or for an MoE layer ``layer_ops(shapes)`` (its MLP priced by moe_op_times)."""
     times: dict[str, np.ndarray] = {}
     for op, (k, n) in shapes.gemm_shapes().items():
         times[op] = gemm_time(co.gemm, gpu, num_tokens, k, n, shapes.dtype_bytes)
     for op, per_token in shapes.elementwise_bytes_per_token().items():
         times[op] = elementwise_time(co.elementwise(op), gpu, num_tokens, per_token)
     assert set(times) == set(GEMM_OPS) | set(ELEMENTWISE_OPS) == set(LINEAR_OPS)
+    if shapes.moe is not None:
+        for op in ("mlp_up_proj", "mlp_act", "mlp_down_proj"):
+            del times[op]
+        times.update(moe_op_times(co, gpu, shapes.moe, num_tokens))
+        assert set(times) == set(layer_ops(shapes))
     return times
 
 
 def linear_layer_time(
     co: StepCoefficients, gpu: GPUSpec, shapes: LayerShapes, num_tokens: Array
 ) -> np.ndarray:
-    """Sum of the nine operators (fixed order, so every caller gets the same bits)."""
+    """Sum of the layer's operators (fixed order, so every caller gets the same bits)."""
     times = linear_op_times(co, gpu, shapes, num_tokens)
-    total = times[LINEAR_OPS[0]]
-    for op in LINEAR_OPS[1:]:
+    ops = layer_ops(shapes)
+    total = times[ops[0]]
+    for op in ops[1:]:
         total = total + times[op]
     return total
+
+
+def grouped_gemm_time(
+    co: GemmCoefficients,
+    gpu: GPUSpec,
+    routed_rows: Array,
+    experts: Array,
+    k: int,
+    n: int,
+    dtype_bytes: int,
+) -> np.ndarray:
+    """One grouped GEMM (vLLM's fused MoE kernel, one launch): ``routed_rows`` token copies,
+    each multiplied by its expert's (k x n) matrix, spread evenly over ``experts`` experts.
+
+    The fitted GEMM term with the weights of the experts touched read once each, and each
+    expert's rows padded to whole MOE_BLOCK_ROWS blocks (moe_align_block_size)."""
+    rows = np.asarray(routed_rows, dtype=float)
+    touched = np.asarray(experts, dtype=float)
+    memory = (touched * k * n + rows * k + rows * n) * dtype_bytes
+    memory = memory / (gpu.hbm_bandwidth * co.bw_efficiency)
+    per_expert = rows / np.maximum(touched, 1e-12)
+    padded = touched * np.ceil(per_expert / MOE_BLOCK_ROWS) * MOE_BLOCK_ROWS + co.m_half_tokens
+    compute = 2.0 * k * n * padded / (gpu.peak_flops * co.flops_efficiency)
+    return np.asarray(co.latency_s + np.maximum(memory, compute), dtype=np.float64)
+
+
+def moe_op_times(
+    co: StepCoefficients, gpu: GPUSpec, moe: MoEShapes, num_tokens: Array
+) -> dict[str, np.ndarray]:
+    """The operators of one MoE MLP for ``num_tokens`` tokens (s), MOE_OPS then (with a shared
+    expert) SHARED_EXPERT_OPS. Expected counts under uniform routing: ``num_tokens * top_k``
+    routed rows over ``expected_experts_touched`` experts."""
+    tokens = np.asarray(num_tokens, dtype=float)
+    h, d, k = moe.hidden_size, moe.dtype_bytes, moe.top_k
+    rows = tokens * k
+    touched = np.asarray(expected_experts_touched(moe.num_experts, k, tokens))
+    add = co.elementwise("add")
+    times = {
+        # Replicated router: every token's logits over all experts.
+        "moe_router": gemm_time(co.gemm, gpu, tokens, h, moe.num_experts, d),
+        # topk-softmax over the logits, then the sort into expert groups (a second launch).
+        "moe_routing": elementwise_time(add, gpu, tokens, moe.num_experts * d + 2 * k * 4)
+        + add.latency_s,
+        "moe_up_proj": grouped_gemm_time(co.gemm, gpu, rows, touched, h, moe.expert_up_width, d),
+        "moe_act": elementwise_time(
+            co.elementwise("mlp_act"), gpu, rows, (moe.expert_up_width + moe.expert_width) * d
+        ),
+        "moe_down_proj": grouped_gemm_time(co.gemm, gpu, rows, touched, moe.expert_width, h, d),
+        # Each token's k expert outputs, weighted and summed.
+        "moe_combine": elementwise_time(add, gpu, tokens, (k + 1) * h * d),
+    }
+    if moe.shared_width:
+        times["shared_up_proj"] = gemm_time(co.gemm, gpu, tokens, h, moe.shared_up_width, d)
+        times["shared_act"] = elementwise_time(
+            co.elementwise("mlp_act"), gpu, tokens, (moe.shared_up_width + moe.shared_width) * d
+        )
+        times["shared_down_proj"] = gemm_time(co.gemm, gpu, tokens, moe.shared_width, h, d)
+        times["shared_gate"] = gemm_time(co.gemm, gpu, tokens, h, 1, d)
+    return times
 
 
 def lm_head_time(

@@ -29,6 +29,8 @@ PUBLIC_PARAMS = {
     "mistral-7b": 7.24e9,
     "qwen2.5-7b": 7.61e9,
     "opt-13b": 13.0e9,
+    "mixtral-8x7b": 46.7e9,
+    "qwen3-30b-a3b": 30.5e9,
 }
 
 MAX_MODEL_LEN = {
@@ -41,6 +43,8 @@ MAX_MODEL_LEN = {
     "mistral-7b": 32768,
     "qwen2.5-7b": 32768,
     "opt-13b": 2048,
+    "mixtral-8x7b": 32768,
+    "qwen3-30b-a3b": 40960,
 }
 
 LLAMA_2_7B_CONFIG = {
@@ -83,6 +87,9 @@ def _estimate(spec: ModelSpec) -> int:
         vocab_size=spec.vocab_size,
         gated_mlp=spec.gated_mlp,
         tie_word_embeddings=spec.tie_word_embeddings,
+        num_experts=spec.num_experts,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
     )
 
 
