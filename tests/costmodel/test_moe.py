@@ -292,3 +292,32 @@ def test_bad_moe_specs_are_refused(fields: dict[str, object], message: str) -> N
     dense = MODEL_PRESETS["mistral-7b"]
     with pytest.raises(CostModelError, match=message):
         dataclasses.replace(dense, **fields)  # type: ignore[arg-type]
+
+
+# --- the CLI -------------------------------------------------------------------------------
+
+
+def test_kvsim_run_mixtral_on_two_h100s_runs_the_default_trace(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    out = tmp_path / "run"
+    args = ["run", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", "--no-plots"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_finished"] == summary["num_requests"] == 456
+    resolved = json.loads((out / "config.json").read_text())["resolved"]
+    assert resolved["cost_model"]["model"]["num_experts"] == 8
+    plan = resolved["memory_plan"]
+    assert plan["weight_bytes"] == shard_model(MIXTRAL, 2).weight_bytes_per_gpu
+    assert plan["block_bytes"] == 16 * MIXTRAL.kv_bytes_per_token // 2
+    # Tens of ms per output token, as two H100s decode Mixtral (vLLM PR #2979: 12-33 ms).
+    assert 5e-3 < summary["tpot_s"]["mean"] < 0.1
+    # One GPU cannot hold it: one line, exit 2, the tp that fits named.
+    refused = CliRunner().invoke(app, [*args[:-3], "--tp", "1", "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 2
+    assert "use --tp 2" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
