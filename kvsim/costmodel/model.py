@@ -203,6 +203,7 @@ class CostModel:
         tokens: the nine operators of a profile's mlp.csv row (attn_pre_proj, attn_rope,
         attn_post_proj, mlp_up_proj, mlp_act, mlp_down_proj, input_layernorm,
         post_attention_layernorm, add) times num_layers; no embedding, LM head or all-reduce.
+        For an MoE model the three MLP operators are its MoE block (terms.moe_op_times).
         Never decreases as tokens grow."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer):
             raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
