@@ -16,12 +16,17 @@ experts"). Nothing here is fitted: the shipped coefficients price every step.
 Each with the GPU's shipped kernel-profile coefficients (3 ms per-step prior of vLLM 0.6) and
 with the ``vllm-0.15`` serving stack (0.2 ms): the published runs predate both.
 
-    python benchmarks/bench_moe_published.py
+    python benchmarks/bench_moe_published.py [--bounds]
+
+``--bounds`` prints instead the step times of docs/costmodel.md's bounds table: each MoE preset
+against dense models with its active and with all its parameters (shipped coefficients).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import dataclasses
 import json
 import random
 import subprocess
@@ -29,7 +34,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvsim.costmodel import BatchShape, CostModel, preset_coefficients, resolve_gpu, resolve_model
+from kvsim.costmodel import (
+    BatchShape,
+    CostModel,
+    ModelSpec,
+    estimate_num_params,
+    preset_coefficients,
+    resolve_gpu,
+    resolve_model,
+)
 from kvsim.costmodel.coefficients import STACK_DIR
 from kvsim.costmodel.stacks import VLLM_0_15, stack_preset
 
@@ -78,7 +91,47 @@ def serving_tpot_ms(rate: float, coefficients: Path | None, work: Path) -> float
     return 1e3 * float(summary["tpot_s"]["mean"])
 
 
+def dense_like(model: ModelSpec, experts: int) -> ModelSpec:
+    """``model`` with one dense MLP as wide as ``experts`` of its experts."""
+    width = experts * model.moe_intermediate_size
+    params = estimate_num_params(
+        num_layers=model.num_layers, hidden_size=model.hidden_size, num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads, head_dim=model.head_dim, intermediate_size=width,
+        vocab_size=model.vocab_size,
+    )  # fmt: skip
+    return dataclasses.replace(
+        model, name=f"dense {experts} x {model.moe_intermediate_size}", intermediate_size=width,
+        num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, num_params=params,
+    )  # fmt: skip
+
+
+def bounds() -> None:
+    print("| model | gpu | tp | decode 1 | decode 8 | decode 64 | decode 256 | prefill 512 | "
+          "prefill 2000 |")  # fmt: skip
+    for name, gpu_name, tp in (
+        ("mixtral-8x7b", "h100-sxm", 2),
+        ("mixtral-8x7b", "a100-80gb", 2),
+        ("qwen3-30b-a3b", "h100-sxm", 1),
+    ):
+        moe, gpu = resolve_model(name), resolve_gpu(gpu_name)
+        for model in (
+            moe,
+            dense_like(moe, moe.num_experts_per_tok),
+            dense_like(moe, moe.num_experts),
+        ):
+            cost = CostModel(model, gpu, tp=tp)
+            ms = [cost.step_time(BatchShape.decode(n, n * 1000, n * 63)) for n in (1, 8, 64, 256)]
+            ms += [cost.step_time(BatchShape.of(prefill_chunks=[(p, 0)])) for p in (512, 2000)]
+            cells = " | ".join(f"{1e3 * t:.1f}" for t in ms)
+            print(f"| {model.name} | {gpu_name} | {tp} | {cells} |")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bounds", action="store_true", help="print the bounds table only")
+    if parser.parse_args().bounds:
+        bounds()
+        return
     model = resolve_model("mixtral-8x7b")
     a100 = resolve_gpu("a100-80gb")
     sources = {
