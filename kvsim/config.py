@@ -44,6 +44,7 @@ from kvsim.option_spec import (
     not_empty,
     one_of,
     option,
+    parse_pd,
     parse_router_weights,
     shown,
 )
@@ -279,6 +280,43 @@ class RunConfig:
         help="Fleet: a prefix-aware router reads the replicas' caches directly instead of their "
         "KV events (what stale events cost, by comparison)",
         sweep="param",
+    )
+    # prefill/decode disaggregation (kvsim/fleet/pd.py, docs/fleet.md)
+    pd: str | None = option(
+        None,
+        help="Fleet: P prefill and D decode replicas (vLLM's NIXL connector, llm-d's "
+        "decider); --router picks in each pool",
+        unit="P:D",
+        default_text="off",
+        sweep="param",
+        check=lambda name, value: parse_pd(value) and None,
+        omit_default=True,
+    )
+    pd_threshold: int = option(
+        16,
+        help="P/D: disaggregate only when the decode replica's uncached prompt is at least "
+        "this many tokens (llm-d's nonCachedTokens), else it runs the whole request",
+        unit="TOKENS",
+        sweep="param",
+        check=at_least(0, maximum=MAX_TOKENS),
+        omit_default=True,
+    )
+    pd_link_gbps: float = option(
+        25.0,
+        help="P/D: each decode replica's network bandwidth for pulling KV, shared by its "
+        "concurrent pulls (per GPU: 200 Gb/s RDMA NIC = 25 GB/s)",
+        unit="GB/S",
+        sweep="param",
+        check=above(0, maximum=1e6),
+        omit_default=True,
+    )
+    pd_link_latency_us: float = option(
+        50.0,
+        help="P/D: a pull's latency before its first byte moves",
+        unit="MICROSECONDS",
+        sweep="param",
+        check=at_least(0, maximum=1e9),
+        omit_default=True,
     )
     # KV offload tiers (docs/offload.md): vLLM's native OffloadingConnector with a CPU tier
     kv_offloading_size: float = option(
@@ -565,6 +603,23 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         "blocks, open loop (no --concurrency)"
         if c.replicas > 1
         and (c.mode != "cost" or c.resolved_scheduler() != "v1" or c.concurrency is not None)
+        else None
+    ),
+    lambda c: (
+        "--pd P:D sets the fleet: --replicas is P + D (or leave it out)"
+        if c.pd is not None and c.replicas not in (1, sum(parse_pd(c.pd)))
+        else None
+    ),
+    lambda c: (
+        "a P/D fleet (--pd) runs in cost mode with the v1 scheduler and paged KV blocks, open "
+        "loop (no --concurrency), without KV offload"
+        if c.pd is not None
+        and (
+            c.mode != "cost"
+            or c.resolved_scheduler() != "v1"
+            or c.concurrency is not None
+            or c.offloads()
+        )
         else None
     ),
     lambda c: (

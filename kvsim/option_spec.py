@@ -201,3 +201,17 @@ def parse_router_weights(spec: str) -> tuple[float, float, float]:
             f"router_weights {shown(spec)}: each weight must be finite and >= 0, not all 0"
         )
     return weights
+
+
+_PD = re.compile(r"(\d+):(\d+)")
+
+
+def parse_pd(spec: str | None) -> tuple[int, int]:
+    """``P:D``, a P/D fleet's prefill and decode replicas (P >= 1, D >= 1)."""
+    match = _PD.fullmatch(spec or "")
+    if match is None:
+        raise ConfigError(f"pd must be P:D (prefill and decode replicas), got {shown(spec)}")
+    num_prefill, num_decode = int(match[1]), int(match[2])
+    if num_prefill < 1 or num_decode < 1:
+        raise ConfigError(f"pd {shown(spec)}: P and D must each be at least 1")
+    return num_prefill, num_decode

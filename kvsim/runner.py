@@ -214,6 +214,20 @@ def run(
     }
     if offload is not None:  # absent without offload: such a run's folder is as before
         resolved["offload"] = offload.describe()
+    if config.pd is not None:
+        from kvsim.costmodel.sharding import shard_model
+        from kvsim.fleet.pd_run import simulate_pd_fleet
+
+        if on_start is not None:
+            on_start(len(trace.requests))
+        summary, requests, steps, routing = simulate_pd_fleet(
+            config, trace, num_blocks, max_model_len,
+            lambda: build_executor(config, cost_model), limits,
+            shard_model(cost_model.model, config.tp).kv_bytes_per_token_per_gpu,
+        )  # fmt: skip
+        return RunResult(
+            config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}
+        )
     if config.replicas > 1:
         from kvsim.fleet.run import simulate_fleet  # a one-replica run need not import it
 

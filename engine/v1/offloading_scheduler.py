@@ -15,15 +15,29 @@ What the connector changes in V1Scheduler's step (engine/v1/scheduler.py):
 - Every step ends with the connector's loads, stores and flushes
   (``SchedulerOutput.connector_meta``), and ``update(..., completed_jobs)`` takes the
   transfers reported done by then.
+- A connector's ``request_finished`` may keep a finished request's blocks (vLLM's
+  delay_free_blocks: a P/D prefill's blocks wait for the decode side to pull them,
+  engine/pd/connector.py); they are freed when a store (send) job of that request is
+  reported done. The offloading connector never delays.
+
+The connector is the offloading one (``offload=``) or any object with the same hooks
+(``connector=``: ``KVConnector``).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, Protocol
 
 from engine.core.block_manager import BlockManager, blocks_needed
+from engine.core.errors import SchedulerError
 from engine.core.events import EventKind, EventSink
-from engine.core.scheduler_output import SchedulerConfig, SchedulerOutput
+from engine.core.scheduler_output import (
+    ConnectorMeta,
+    SchedulerConfig,
+    SchedulerOutput,
+    TransferJob,
+)
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.offload.connector import OffloadConfig, OffloadConnector
 from engine.v1.scheduler import V1Scheduler
@@ -35,8 +49,30 @@ OFFLOAD_LOAD, OFFLOAD_STORE = EventKind.OFFLOAD_LOAD, EventKind.OFFLOAD_STORE
 OFFLOAD_LOAD_DONE, OFFLOAD_STORE_DONE = EventKind.OFFLOAD_LOAD_DONE, EventKind.OFFLOAD_STORE_DONE
 
 
+class KVConnector(Protocol):
+    """The scheduler side of a KV connector, as OffloadingV1Scheduler calls it (vLLM's
+    KVConnectorBase_V1 scheduler hooks). ``get_num_new_matched_tokens``: tokens to load
+    beyond the local hit (0: none; None: ask again next step); ``request_finished``: truthy
+    to keep the request's blocks until one of its store jobs is reported done."""
+
+    def on_new_request(self, seq: Sequence) -> None: ...
+    def has_pending_work(self) -> bool: ...
+    def get_num_new_matched_tokens(self, seq: Sequence, num_local_tokens: int) -> int | None: ...
+    def update_state_after_alloc(self, seq: Sequence, num_external_tokens: int) -> None: ...
+    def build_meta(
+        self,
+        scheduled: list[Sequence],
+        num_new_tokens: list[int],
+        admitted: list[Sequence],
+        preempted: list[Sequence],
+    ) -> ConnectorMeta: ...
+    def request_finished(self, seq: Sequence) -> Any: ...
+    def update_connector_output(self, completed_jobs: list[int]) -> list[TransferJob]: ...
+
+
 class OffloadingV1Scheduler(V1Scheduler):
-    """V1Scheduler with a CPU tier behind its prefix cache (module docstring)."""
+    """V1Scheduler with a KV connector: a CPU tier behind its prefix cache (``offload``), or
+    another connector (``connector``; module docstring)."""
 
     def __init__(
         self,
@@ -44,12 +80,21 @@ class OffloadingV1Scheduler(V1Scheduler):
         block_manager: BlockManager,
         event_sink: EventSink | None = None,
         *,
-        offload: OffloadConfig,
+        offload: OffloadConfig | None = None,
+        connector: KVConnector | None = None,
     ) -> None:
         super().__init__(config, block_manager, event_sink)
-        self.connector = OffloadConnector(
-            offload, block_manager.block_size, prefix_caching=block_manager.enable_prefix_caching
-        )
+        if (offload is None) == (connector is None):
+            raise SchedulerError("give the scheduler an offload config or a connector, not both")
+        self.connector: Any = connector
+        if offload is not None:
+            self.connector = OffloadConnector(
+                offload,
+                block_manager.block_size,
+                prefix_caching=block_manager.enable_prefix_caching,
+            )
+        # Finished requests whose blocks the connector keeps (vLLM's delay_free_blocks).
+        self._delayed_free: dict[int, Sequence] = {}
         # Requests holding blocks while they wait: loading, or loaded and not yet running.
         self._kv_holding: deque[Sequence] = deque()
         self._loaded: set[int] = set()  # seq ids whose load is reported done
@@ -234,8 +279,14 @@ class OffloadingV1Scheduler(V1Scheduler):
     def _finish(self, seq: Sequence, status: SequenceStatus, kind: EventKind) -> None:
         if status is not FINISHED_REJECTED:
             self._inflight_prefills.pop(seq.seq_id, None)
-            self.connector.request_finished(seq)  # before its blocks are freed, as vLLM
+            # before its blocks are freed, as vLLM; truthy: they stay until it is sent
+            if self.connector.request_finished(seq):
+                self._delayed_free[seq.seq_id] = seq
         super()._finish(seq, status, kind)
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        if seq.seq_id not in self._delayed_free:
+            super()._free_blocks(seq)
 
     def update(
         self,
@@ -254,6 +305,10 @@ class OffloadingV1Scheduler(V1Scheduler):
         for job in self.connector.update_connector_output(completed_jobs):
             if not job.is_store:
                 self._loaded.add(job.seq_id)
+            else:
+                held = self._delayed_free.pop(job.seq_id, None)
+                if held is not None:  # sent: vLLM frees it on finished_sending
+                    self.block_manager.free_sequence_v1(held)
             if sink is not None:
                 kind = OFFLOAD_STORE_DONE if job.is_store else OFFLOAD_LOAD_DONE
                 tokens = len(job.gpu_block_ids) * self.block_manager.block_size

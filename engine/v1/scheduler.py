@@ -328,6 +328,11 @@ class V1Scheduler(Scheduler):
             sink.record(
                 kind, seq.seq_id, self.block_manager.get_num_free_blocks(), (), seq.num_tokens
             )
+        self._free_blocks(seq)
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        """Free a finished ``seq``'s blocks (vLLM's _free_blocks; a KV connector may delay
+        it: engine/v1/offloading_scheduler.py)."""
         self.block_manager.free_sequence_v1(seq)
 
     # --- update -------------------------------------------------------------------------------
