@@ -19,6 +19,8 @@ from kvsim.commands.console import fail
 # kvsim.plots.fleet.FLEET_PICTURES' names (kept here so that ``kvsim --help`` does not import
 # matplotlib; a test holds them equal).
 FLEET_PICTURE_NAMES = ("fleet-load", "fleet-hit-rate", "fleet-imbalance")
+# kvsim.plots.fleet.PD_PICTURES' names: a P/D fleet's (kvsim run --pd) beside the above
+PD_PICTURE_NAMES = ("fleet-pd-transfer",)
 
 
 def is_fleet(run: Any) -> bool:
@@ -30,6 +32,16 @@ def _replicas(run: Any) -> int:
     return int(run.config.replicas)
 
 
+def is_pd(run: Any) -> bool:
+    """Whether the run folder ``run`` is a P/D fleet's (kvsim run --pd)."""
+    return "pd" in run.summary.get("fleet", {})
+
+
+def available_names(run: Any) -> tuple[str, ...]:
+    """The fleet pictures ``run`` has: with the P/D one for a P/D fleet."""
+    return FLEET_PICTURE_NAMES + (PD_PICTURE_NAMES if is_pd(run) else ())
+
+
 def fleet_names(
     run: Any, names: list[str] | None, t_from: float | None, t_to: float | None
 ) -> list[str]:
@@ -39,21 +51,25 @@ def fleet_names(
             f"{run.path}: a fleet run's pictures span the whole run (--from/--to window one "
             "replica's run only): drop --from/--to"
         )
+    available = available_names(run)
     for name in names or []:
-        if name not in FLEET_PICTURE_NAMES:
+        if name not in available:
             fail(
                 f"{run.path}: a fleet run ({_replicas(run)} replicas) has no {name} picture: its "
                 "tables mix the replicas and it keeps no events.parquet; its pictures: "
-                + ", ".join(FLEET_PICTURE_NAMES)
+                + ", ".join(available)
             )
-    return list(names or FLEET_PICTURE_NAMES)
+    return list(names or available)
 
 
 def draw_fleet(run: Any, folder: Path, names: list[str]) -> list[Path]:
     """The fleet pictures ``names`` as PNGs in ``folder`` (kvsim.plots.fleet's files)."""
-    from kvsim.plots.fleet import FLEET_PICTURES, write_fleet_plots
+    from kvsim.plots.fleet import FLEET_PICTURES, PD_PICTURES, write_fleet_plots
 
-    wanted = {FLEET_PICTURES[n] for n in names}
+    if is_pd(run) and set(FLEET_PICTURE_NAMES) <= set(names):  # all of them: the P/D one too
+        names = [*names, *(n for n in PD_PICTURE_NAMES if n not in names)]
+    files = {**FLEET_PICTURES, **PD_PICTURES}
+    wanted = {files[n] for n in names}
     with tempfile.TemporaryDirectory(prefix="kvsim-fleet-") as scratch:
         drawn = write_fleet_plots(run.steps, run.requests, run.summary, Path(scratch))
         kept = [folder / p.name for p in drawn if p.name in wanted]
@@ -65,7 +81,7 @@ def draw_fleet(run: Any, folder: Path, names: list[str]) -> list[Path]:
 def fleet_pngs(run: Any) -> dict[str, bytes]:
     """Every fleet picture as PNG bytes by name (for report.html, as kvsim run embeds them)."""
     with tempfile.TemporaryDirectory(prefix="kvsim-fleet-") as folder:
-        paths = draw_fleet(run, Path(folder), list(FLEET_PICTURE_NAMES))
+        paths = draw_fleet(run, Path(folder), list(available_names(run)))
         return {p.stem.replace("_", "-"): p.read_bytes() for p in paths}
 
 

@@ -18,10 +18,12 @@ FLEET_PICTURES = {
     "fleet-hit-rate": "fleet_hit_rate.png",
     "fleet-imbalance": "fleet_imbalance.png",
 }
+PD_PICTURES = {"fleet-pd-transfer": "fleet_pd_transfer.png"}  # a P/D fleet's (kvsim/plots/pd.py)
 FLEET_CAPTIONS = {
     "fleet-load": "Waiting requests, running sequences and KV usage per replica over time",
     "fleet-hit-rate": "Prefix-cache hit rate per replica and fleet-wide, cumulative by arrival",
     "fleet-imbalance": "Requests, busy time and prefix-cache hit rate per replica",
+    "fleet-pd-transfer": "P/D: KV pull times, and against the tokens each pulled",
 }
 BINS = 200  # time bins of the load picture: a long run stays readable
 
@@ -126,13 +128,19 @@ def draw_imbalance(summary: dict[str, Any]) -> Figure:
 def write_fleet_plots(
     steps: pd.DataFrame, requests: pd.DataFrame, summary: dict[str, Any], folder: Path
 ) -> list[Path]:
-    """The fleet's pictures as PNGs in ``folder`` (``FLEET_PICTURES``)."""
+    """The fleet's pictures as PNGs in ``folder`` (``FLEET_PICTURES``; the P/D one for a P/D
+    fleet only)."""
     folder.mkdir(parents=True, exist_ok=True)
     figures = {
         "fleet-load": draw_load(steps, requests, summary),
         "fleet-hit-rate": draw_hit_rate(requests, summary),
         "fleet-imbalance": draw_imbalance(summary),
     }
-    paths = [save_png(fig, folder / FLEET_PICTURES[name]) for name, fig in figures.items()]
+    if "pd" in summary["fleet"]:
+        from kvsim.plots.pd import draw_pd_transfer
+
+        figures["fleet-pd-transfer"] = draw_pd_transfer(requests, summary)
+    files = {**FLEET_PICTURES, **PD_PICTURES}
+    paths = [save_png(fig, folder / files[name]) for name, fig in figures.items()]
     plt.close("all")
     return paths

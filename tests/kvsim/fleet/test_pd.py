@@ -193,3 +193,30 @@ def test_small_pools_queue_and_everything_finishes(
     for route in result.routes:
         if route.disaggregated and route.decode_seq >= 0:
             assert route.transfer is not None or route.request.prompt_tokens > 16 * prefill_blocks
+
+
+def test_run_folder_of_a_pd_fleet(tmp_path: Path) -> None:
+    """kvsim run --pd writes the transfer picture into plots/ and report.html, the pd
+    columns into requests.parquet and the fleet.pd section; a bad --pd is one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    rows = [{"arrival_time_s": 0.1 * i, "prompt_tokens": 200 + 50 * i, "output_tokens": 4}
+            for i in range(6)]  # fmt: skip
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(trace), "--pd", "1:2", "--num-blocks", "400",
+                                      "--step-time", STEP, "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (out / "plots" / "fleet_pd_transfer.png").stat().st_size > 0
+    assert 'alt="fleet-pd-transfer"' in (out / "report.html").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["fleet"]["pd"]["transfers"] == 6
+    assert json.loads((out / "config.json").read_text())["options"]["pd"] == "1:2"
+    (out / "plots" / "fleet_pd_transfer.png").unlink()
+    redraw = CliRunner().invoke(app, ["plot", str(out), "--force"])
+    assert redraw.exit_code == 0, redraw.output
+    assert (out / "plots" / "fleet_pd_transfer.png").exists()  # kvsim plot redraws it
+    bad = CliRunner().invoke(app, ["run", str(trace), "--pd", "3"])
+    assert bad.exit_code == 2 and "P:D" in bad.output
