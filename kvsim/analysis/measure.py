@@ -73,6 +73,7 @@ def _add_offload_columns(
         requests.insert_after(after, name, values)
         after = name
     steps["offload_tier_chunks"] = offload.step_tier_chunks[: len(steps)]
+    steps["offload_tier_evictions"] = offload.step_tier_evictions[: len(steps)]
     prefix_cache["offload"] = offload_summary(
         adm, offload, columns["offload_load_wait_s"], result.block_size
     )

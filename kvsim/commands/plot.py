@@ -89,7 +89,7 @@ ToOption = Annotated[
 # ``kvsim --help`` does not import matplotlib).
 PICTURE_NAMES = (
     "occupancy", "free-blocks", "kv-breakdown", "gantt", "latency", "batch", "hit-rate",
-    "prompt-tokens",
+    "prompt-tokens", "offload-tier", "offload-sources", "offload-ttft", "offload-transfers",
 )  # fmt: skip
 NO_EVENTS_HINT = "rerun it with kvsim run --config {run}/config.json to get them"
 # What a hand-edited table can make a picture raise; reported as one line naming the folder.
@@ -175,12 +175,14 @@ def plot_command(
     ] = False,
 ) -> None:
     """Draw pictures of a run as PNGs: occupancy map, free blocks, KV breakdown, Gantt chart,
-    latency CDFs, batch size; a v1 run's prefix-cache hit rate and prompt tokens too.
+    latency CDFs, batch size; a v1 run's prefix-cache hit rate and prompt tokens too, and a
+    KV offloading run's CPU tier, prompt tokens by source, TTFT split and transfers.
 
     Reads RUN_DIR's tables, so any picture can be redrawn over any time window. A run folder
     without events.parquet (a sweep point) gets the pictures that need no events; a fleet's,
     its fleet pictures (load, hit rate, imbalance per replica) over the whole run."""
     from kvsim.plots import NEEDS_EVENTS
+    from kvsim.plots.standard import OFFLOAD_PICTURE_NAMES, is_offload_run
 
     names = picture_names(what)
     run = _read(run_dir, t_from, t_to, whole_events=False)
@@ -190,6 +192,11 @@ def plot_command(
     for name in names or []:
         if name in FLEET_PICTURE_NAMES and not fleet:
             fail(f"{run_dir}: {name} is a fleet's picture, and this run has one replica")
+        if name in OFFLOAD_PICTURE_NAMES and not is_offload_run(run):
+            fail(
+                f"{run_dir}: {name} is a KV offloading run's picture (kvsim run "
+                "--kv-offloading-size GiB), and this run has no CPU tier"
+            )
         if name in NEEDS_EVENTS:
             _needs_events(run, f"the {name} picture")
     try:
@@ -206,9 +213,18 @@ def plot_command(
         say(skipped_line(run, PICTURE_NAMES))
     elif names is None and run.events is None:
         say(
-            f"skipped {', '.join(NEEDS_EVENTS)}: no events.parquet; "
+            f"skipped {', '.join(_event_pictures(run))}: no events.parquet; "
             + NO_EVENTS_HINT.format(run=run_dir)
         )
+
+
+def _event_pictures(run: Any) -> list[str]:
+    """The pictures ``run`` would get from its events (an offload run's transfers too)."""
+    from kvsim.plots import NEEDS_EVENTS
+    from kvsim.plots.standard import OFFLOAD_PICTURE_NAMES, is_offload_run
+
+    offload = is_offload_run(run)
+    return [n for n in NEEDS_EVENTS if offload or n not in OFFLOAD_PICTURE_NAMES]
 
 
 def _draw_pictures(

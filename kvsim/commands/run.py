@@ -123,7 +123,9 @@ def run_command(
         fail(str(exc))
     except OSError as exc:
         fail(os_error_message(exc))
-    print_summary(result.summary, out_dir, config.allocator, result.resolved.get("warnings") or [])
+    requests = result.requests if "offload" in result.summary else None  # its loading share
+    warned = result.resolved.get("warnings") or []
+    print_summary(result.summary, out_dir, config.allocator, warned, requests)
 
 
 def _notice_pure_python() -> None:

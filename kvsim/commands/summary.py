@@ -28,8 +28,11 @@ def _pool(s: dict[str, Any], allocator: str) -> str:
     return f"{s['num_blocks']:,} blocks x {s['block_size']} tokens ({slots:,} slots)"
 
 
-def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str, str]]:
-    """(name, value) rows of the headline numbers of ``summary.json``."""
+def summary_rows(
+    s: dict[str, Any], allocator: str = "paged", requests: Any = None
+) -> list[tuple[str, str]]:
+    """(name, value) rows of the headline numbers of ``summary.json``; an offloading run's
+    rows after its prefix-cache line (``requests``: for its TTFT loading share)."""
     from kvsim.analysis.kv_breakdown import SUMMARY_FIELDS as BREAKDOWN_FIELDS
     from kvsim.analysis.load import saturation_text
 
@@ -64,7 +67,8 @@ def summary_rows(s: dict[str, Any], allocator: str = "paged") -> list[tuple[str,
          f"{s['wall_time_s']:.2f} s ({s['sim_steps_per_wall_s']:,.0f} steps/s)"),
     ]  # fmt: skip
     if v1:
-        rows.insert(rows.index(("preemptions", f"{s['num_preemptions']:,}")), _hit_rate_row(s))
+        at = rows.index(("preemptions", f"{s['num_preemptions']:,}"))
+        rows[at:at] = [_hit_rate_row(s), *_offload_rows(s, requests)]
     if "fleet" in s:
         rows[1:2] = _fleet_rows(s)
     return rows
@@ -87,6 +91,45 @@ def _fleet_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]  # fmt: skip
 
 
+def _gib(nbytes: int | None) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    if nbytes is None:
+        return "-"
+    if nbytes < 2**30:
+        return f"{nbytes / 2**20:,.1f} MiB"
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+def _offload_rows(s: dict[str, Any], requests: Any) -> list[tuple[str, str]]:
+    """An offloading run's lines (summary.json ``offload``; docs/metrics.md, "KV offloading"):
+    the hit rate with the CPU tier against the GPU's alone, the loads, the bytes moved each
+    way and the share of the loading requests' TTFT spent waiting for loads."""
+    o = s.get("offload")
+    if not o:
+        return []
+    rate = o.get("hit_rate_all_tiers")
+    gpu = s.get("prefix_cache_hit_rate")
+    loaded = o["prompt_tokens_by_source"]["external_kv_transfer"]
+    rows = [
+        ("hit rate all tiers / GPU only",
+         " / ".join("-" if r is None else f"{r:.1%}" for r in (rate, gpu))
+         + f" ({loaded:,} prompt tokens loaded from the CPU tier)"),
+        ("offload loads",
+         f"{o['loads']['jobs']:,} for {o['requests_loading']:,} requests; "
+         f"{o.get('loads_slower_than_recompute', 0):,} slower than recomputing"),
+        ("offload bytes loaded / stored",
+         f"{_gib(o['loads']['bytes'])} / {_gib(o['stores']['bytes'])} "
+         f"({o['tier_evictions']:,} chunks evicted from the tier)"),
+    ]  # fmt: skip
+    if requests is not None:
+        from kvsim.analysis.offload_tables import loading_share
+
+        share = loading_share(requests)
+        value = "- (no request loaded)" if share is None else f"{share:.1%}"
+        rows.append(("TTFT spent loading (requests that loaded)", value))
+    return rows
+
+
 def _hit_rate_row(s: dict[str, Any]) -> tuple[str, str]:
     """The prefix-cache line of a v1 run: vLLM's hit rate, its tokens, evictions."""
     rate = s.get("prefix_cache_hit_rate")
@@ -104,13 +147,15 @@ def print_summary(
     out_dir: object,
     allocator: str = "paged",
     option_warnings: list[str] | tuple[str, ...] = (),
+    requests: Any = None,
 ) -> None:
     """Print ``summary.json`` ``s`` of the run written to ``out_dir``, then the run's warnings:
-    ``option_warnings`` (what-if settings, from config.json's ``resolved.warnings``) first."""
+    ``option_warnings`` (what-if settings, from config.json's ``resolved.warnings``) first.
+    ``requests`` (requests.parquet's rows): an offloading run's TTFT loading share."""
     table = Table(title="kvsim run", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, value in summary_rows(s, allocator):
+    for name, value in summary_rows(s, allocator, requests):
         table.add_row(name, value)
     console.print(table)
     latencies = Table(title=f"latency ({s.get('timing', 'cost model')})", header_style="bold")

@@ -17,18 +17,11 @@ import matplotlib.pyplot as plt
 
 from kvsim.analysis.load import saturation_text, warnings
 from kvsim.outputs.durations import duration_text
-from kvsim.plots import (
-    NEEDS_EVENTS,
-    PICTURES,
-    V1_PICTURES,
-    RunTables,
-    draw,
-    has_events,
-    is_v1,
-    png_bytes,
-)
+from kvsim.plots import RunTables, draw, is_v1, png_bytes
 from kvsim.plots._common import write_output
 from kvsim.plots.fleet import FLEET_CAPTIONS
+from kvsim.plots.offload import OFFLOAD_CAPTIONS, OFFLOAD_PICTURES
+from kvsim.plots.standard import default_names
 
 CAPTIONS = {
     "occupancy": "Block occupancy: physical block id over time, coloured by owning request "
@@ -154,6 +147,90 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _gib(nbytes: float | None) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    if nbytes is None:
+        return "-"
+    if nbytes < 2**30:
+        return f"{nbytes / 2**20:,.1f} MiB"
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+def _ms(seconds: float | None) -> str:
+    return duration_text(seconds)
+
+
+def offload_rows(s: dict[str, Any], requests: Any = None) -> list[tuple[str, str]]:
+    """An offloading run's numbers (summary.json's ``offload``; docs/metrics.md, "KV
+    offloading") as (name, formatted value) rows; with ``requests``, the loading share of the
+    TTFT of the requests that loaded too. Empty for a run without offload."""
+    o = s.get("offload")
+    if not o:
+        return []
+    by_source = o["prompt_tokens_by_source"]
+    all_tiers, gpu = o.get("hit_rate_all_tiers"), s.get("prefix_cache_hit_rate")
+    rows = [
+        (
+            "CPU tier",
+            f"{_fmt(o['capacity_chunks'])} chunks x {o['chunk_tokens']} tokens "
+            f"({_gib(o['capacity_chunks'] * o['chunk_bytes'])})",
+        ),
+        (
+            "hit rate: all tiers / GPU only",
+            " / ".join("-" if r is None else f"{r:.1%}" for r in (all_tiers, gpu)),
+        ),
+        (
+            "prompt tokens computed / GPU hit / loaded",
+            " / ".join(
+                _fmt(by_source[k])
+                for k in ("local_compute", "local_cache_hit", "external_kv_transfer")
+            ),
+        ),
+        (
+            "CPU tier hit rate (past the GPU hit)",
+            "-"
+            if o.get("external_prefix_cache_hit_rate") is None
+            else f"{o['external_prefix_cache_hit_rate']:.1%} "
+            f"({_fmt(o['external_prefix_cache_hits'])} of "
+            f"{_fmt(o['external_prefix_cache_queries'])} tokens)",
+        ),
+        (
+            "requests that loaded",
+            f"{_fmt(o['requests_loading'])} "
+            f"({_fmt(o.get('loads_slower_than_recompute'))} loads slower than recomputing)",
+        ),
+    ]
+    for name in ("loads", "stores"):
+        moved = o[name]
+        t = moved["transfer_s"]
+        rows.append(
+            (
+                f"{name}: jobs / chunks / bytes / transfer p50, p99",
+                f"{_fmt(moved['jobs'])} / {_fmt(moved['chunks'])} / {_gib(moved['bytes'])} / "
+                f"{_ms(t.get('p50'))}, {_ms(t.get('p99'))}",
+            )
+        )
+    wait = o.get("load_wait_s") or {}
+    rows.append(("load wait (issue to admission) p50 / p99",
+                 f"{_ms(wait.get('p50'))} / {_ms(wait.get('p99'))}"))  # fmt: skip
+    if requests is not None:
+        from kvsim.analysis.offload_tables import loading_share
+
+        share = loading_share(requests)
+        rows.append(
+            ("TTFT spent loading (requests that loaded)", "-" if share is None else f"{share:.1%}")
+        )
+    rows += [
+        (
+            "tier chunks mean / peak",
+            f"{_fmt(o['tier_chunks_mean'])} / {_fmt(o['tier_chunks_peak'])} "
+            f"({o['tier_usage_peak']:.1%} of capacity)",
+        ),
+        ("tier evictions (chunks)", _fmt(o["tier_evictions"])),
+    ]
+    return rows
+
+
 def latency_rows(s: dict[str, Any]) -> list[tuple[str, ...]]:
     """(name, mean, p50, p90, p99) rows, each value in the unit of its size (``12.3 ms``,
     ``1.01 h``: kvsim.outputs.durations)."""
@@ -190,12 +267,13 @@ def build_report(
 
     ``pngs`` maps picture names to PNG bytes already drawn (e.g. a run folder's plots/), so
     they are embedded instead of drawn again."""
-    figures = []
+    figures: list[str] = []
+    offload_figures: list[str] = []  # an offloading run's, in its own section
     v1 = is_v1(run)
     if names is None:
-        names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
-        names = [n for n in names if v1 or n not in V1_PICTURES]
+        names = default_names(run)
     captions = {**CAPTIONS, **V1_CAPTIONS, **FLEET_CAPTIONS} if v1 else CAPTIONS
+    captions = {**captions, **OFFLOAD_CAPTIONS}
     for name in names:
         if pngs is not None and name in pngs:
             data = base64.b64encode(pngs[name]).decode("ascii")
@@ -203,7 +281,7 @@ def build_report(
             fig = draw(run, name, t_from=t_from, t_to=t_to)
             data = base64.b64encode(png_bytes(fig)).decode("ascii")
             plt.close(fig)
-        figures.append(
+        (offload_figures if name in OFFLOAD_PICTURES else figures).append(
             f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
             f"<figcaption>{html.escape(captions.get(name, name))}</figcaption></figure>"
         )
@@ -212,6 +290,10 @@ def build_report(
         window = f"<p>Pictures over {_fmt(t_from or 0.0)} s to {_fmt(t_to)} s.</p>"
     options = _options_rows(run)
     notes = warnings(run.summary)
+    offload = offload_rows(run.summary, run.requests)
+    offload_section = ""
+    if offload:  # an offloading run (docs/metrics.md, "KV offloading")
+        offload_section = "<h2>Offload</h2>" + _table(offload) + "".join(offload_figures)
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -227,6 +309,7 @@ def build_report(
             "</div>",
             ("<div><h2>Options</h2>" + _table(options) + "</div>") if options else "",
             "</div>",
+            offload_section,
             "<h2>Pictures</h2>",
             *figures,
             "<footer>Written by kvsim report. Definitions: docs/metrics.md.</footer>",

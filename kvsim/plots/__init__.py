@@ -11,8 +11,10 @@ Modules: ``cache_curve`` (offline prefix-cache hit rate against capacity), ``tim
 blocks, KV breakdown, batch size), ``requests`` (latency CDFs, Gantt chart), ``occupancy_map``
 (block x time map), ``prefix_cache`` (v1: hit rate, cached vs computed prompt tokens),
 ``pool`` (a small pool slot by slot), ``compare`` (several runs side by
-side), ``standard`` (the named pictures of a run folder), ``animation`` (the block pool over a
-time window, as a GIF or MP4; imported on its own, since most callers never animate).
+side), ``offload`` (a KV offloading run: the CPU tier, prompt tokens by source, the TTFT of
+loading requests split, transfer times), ``standard`` (the named pictures of a run folder),
+``animation`` (the block pool over a time window, as a GIF or MP4; imported on its own, since
+most callers never animate).
 """
 
 from kvsim.plots._common import COLORS, MAX_POINTS, png_bytes, save_png

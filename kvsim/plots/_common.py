@@ -32,6 +32,8 @@ COLORS = {
     "mixed": "#d53f8c",  # v1 steps running decodes and prefill chunks together
     "cached": "#68d391",  # v1: free blocks that keep their prefix-cache key
     "evict": "#d69e2e",
+    "offload": "#0987a0",  # KV offload: tokens loaded from the CPU tier, loads
+    "store": "#b83280",  # KV offload: stores to the CPU tier
 }
 
 

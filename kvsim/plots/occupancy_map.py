@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
-from matplotlib.colors import LinearSegmentedColormap, to_rgb
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LinearSegmentedColormap, Normalize, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -24,6 +25,13 @@ from kvsim.analysis.occupancy import (
     occupancy_grid,
 )
 from kvsim.plots._common import COLORS, new_axes
+
+# A transfer marks every cell it touches at least this strongly: loads and stores last
+# milliseconds, a cell of a whole run's map seconds, so their share alone would not show.
+# Stores less so: nearly every computed block is stored, and they would hide the rest.
+TRANSFER_MIN_STRENGTH = {"store": 0.35, "load": 0.6}
+TRANSFER_COLORS = {"store": COLORS["store"], "load": COLORS["offload"]}
+TRANSFER_LABELS = {"store": "being stored to CPU", "load": "being loaded from CPU"}
 
 STATE_CMAP = LinearSegmentedColormap.from_list(
     "kvsim_occupancy", [COLORS["free"], "#90cdf4", COLORS["filled"], "#1a365d"]
@@ -57,6 +65,21 @@ def _cached_layer(image: np.ndarray, cached: np.ndarray, where: np.ndarray | Non
     return np.asarray(np.clip(image + share * (color - image), 0.0, 1.0))
 
 
+def _transfer_layers(image: np.ndarray, transfers: dict[str, np.ndarray]) -> np.ndarray:
+    """``image`` with each cell a block was being stored (then loaded, drawn over) in moved
+    toward that direction's colour: by the cell's transfer share, at least
+    ``TRANSFER_MIN_STRENGTH`` (of the direction) wherever there was one."""
+    for direction in ("store", "load"):
+        share = transfers.get(direction)
+        if share is None:
+            continue
+        floor = TRANSFER_MIN_STRENGTH[direction]
+        strength = np.where(share > 0, np.maximum(share, floor), 0.0)[..., None]
+        color = np.array(to_rgb(TRANSFER_COLORS[direction]))
+        image = image + strength * (color - image)
+    return np.asarray(np.clip(image, 0.0, 1.0))
+
+
 def state_image(grid: OccupancyGrid, cached: np.ndarray) -> np.ndarray:
     """RGB image of a v1 run's grid: held share in the in-use colour, cached-evictable share
     (``cached``, a grid of the same shape) in the cached colour, the rest free."""
@@ -74,11 +97,14 @@ def plot_occupancy_grid(
     cached: np.ndarray | None = None,
     shown_blocks: int | None = None,
     note: str = "",
+    transfers: dict[str, np.ndarray] | None = None,
 ) -> Figure:
     """Draw an ``OccupancyGrid`` (see ``plot_occupancy``); ``cached``: a v1 run's grid of
     cached-evictable shares (``cached_intervals``), drawn in its own colour. A grid of a
     sample of blocks spans the pool's ``shown_blocks`` on the y axis; ``note`` (what was
-    sampled) goes into the title."""
+    sampled) goes into the title. ``transfers``: a KV offloading run's grids of the share of
+    each cell its blocks were being stored (``"store"``) or loaded (``"load"``), marked in
+    their colours over the rest."""
     fig, ax = new_axes("", "simulated time (s)", "physical block id", size=(10, 5))
     ax.grid(False)
     t_from, t_to = float(grid.time_edges[0]), float(grid.time_edges[-1])
@@ -101,16 +127,30 @@ def plot_occupancy_grid(
                 Patch(color=COLORS["cached"], label="cached, evictable"),
                 Patch(color="black", label="shared (prefix hit)"),
             ]
+        if transfers:
+            rgb = _transfer_layers(rgb, transfers)
+            handles += _transfer_handles(transfers)
         ax.imshow(rgb, aspect="auto", extent=extent, interpolation="nearest")
         fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
     elif cached is not None:
-        ax.imshow(state_image(grid, cached), aspect="auto", extent=extent, interpolation="nearest")
+        rgb = state_image(grid, cached)
         handles = [
             Patch(color=COLORS["filled"], label="held (shade: share of the cell)"),
             Patch(color=COLORS["cached"], label="cached, evictable"),
             Patch(color=COLORS["free"], label="free"),
         ]
-        fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize="small")
+        if transfers:
+            rgb = _transfer_layers(rgb, transfers)
+            handles += _transfer_handles(transfers)
+        ax.imshow(rgb, aspect="auto", extent=extent, interpolation="nearest")
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
+    elif transfers:  # no cached layer: the share colours as RGB, the transfers over them
+        rgb = _transfer_layers(STATE_CMAP(grid.share)[..., :3], transfers)
+        ax.imshow(rgb, aspect="auto", extent=extent, interpolation="nearest")
+        mappable = ScalarMappable(Normalize(0.0, 1.0), STATE_CMAP)
+        fig.colorbar(mappable, ax=ax, label="share of blocks in use", fraction=0.05, pad=0.01)
+        handles = _transfer_handles(transfers)
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
     else:
         image = ax.imshow(
             grid.share,
@@ -127,6 +167,40 @@ def plot_occupancy_grid(
     if num_blocks <= 16:
         ax.set_yticks(np.arange(num_blocks))
     return fig
+
+
+def _transfer_handles(transfers: dict[str, np.ndarray]) -> list[Patch]:
+    return [
+        Patch(color=TRANSFER_COLORS[d], label=TRANSFER_LABELS[d])
+        for d in ("store", "load")
+        if d in transfers and transfers[d].any()
+    ]
+
+
+def transfer_grids(
+    events: pd.DataFrame,
+    num_blocks: int,
+    t_from: float,
+    t_to: float,
+    *,
+    max_rows: int = 400,
+    cols: int = 800,
+    end_s: float | None = None,
+) -> dict[str, np.ndarray]:
+    """A KV offloading run's transfers as grids of ``occupancy_grid``'s shape: per direction
+    (``"store"``, ``"load"``) the share of each cell's block-seconds its blocks were being
+    stored or loaded (``OFFLOAD_*`` issue to completion seen:
+    ``kvsim.analysis.offload_tables.transfer_intervals``). Empty without such events."""
+    from kvsim.analysis.offload_tables import has_offload_events, transfer_intervals
+
+    if not has_offload_events(events):
+        return {}
+    intervals = transfer_intervals(events, end_s)
+    grids = {}
+    for direction, rows in intervals.groupby("direction", sort=False):
+        grid = occupancy_grid(rows, num_blocks, t_from, t_to, max_rows=max_rows, cols=cols)
+        grids[str(direction)] = grid.share
+    return grids
 
 
 def plot_occupancy(
@@ -147,7 +221,8 @@ def plot_occupancy(
     ``end_s`` or the last event). ``by_request``: colour held blocks by owning request
     (default: when the pool has at most 256 blocks); otherwise by the share of blocks in use
     per cell. Pass ``intervals`` (``block_intervals``) to reuse a reconstruction. A v1 run with
-    prefix caching (``CACHE`` events) also draws its cached, evictable blocks. ``shown_blocks``
+    prefix caching (``CACHE`` events) also draws its cached, evictable blocks, and a KV
+    offloading run (``OFFLOAD_*`` events) the blocks being stored or loaded. ``shown_blocks``
     and ``note``: for events of a sample of blocks (``plot_occupancy_grid``)."""
     if intervals is None:
         intervals = block_intervals(events, end_s)
@@ -169,7 +244,10 @@ def plot_occupancy(
         evictable = cached_intervals(events, num_blocks, end_s)
         cached = occupancy_grid(evictable, num_blocks, lo, hi, max_rows=max_rows, cols=cols).share
     by_request = by_request and grid.owner is not None
+    transfers = transfer_grids(
+        events, num_blocks, lo, hi, max_rows=max_rows, cols=cols, end_s=end_s
+    )
     return plot_occupancy_grid(
         grid, num_blocks, by_request=by_request, cached=cached, shown_blocks=shown_blocks,
-        note=note,
+        note=note, transfers=transfers or None,
     )  # fmt: skip

@@ -16,6 +16,14 @@ from matplotlib.figure import Figure
 from kvsim.plots._common import save_png, window
 from kvsim.plots.large_runs import is_large, plot_gantt_of_file, plot_sampled_occupancy
 from kvsim.plots.occupancy_map import plot_occupancy
+from kvsim.plots.offload import (
+    OFFLOAD_PICTURES,
+    is_offload,
+    plot_offload_tier,
+    plot_offload_transfers,
+    plot_offload_ttft,
+    plot_prompt_sources,
+)
 from kvsim.plots.prefix_cache import plot_prefix_hit_rate, plot_prompt_tokens
 from kvsim.plots.requests import MAX_GANTT_REQUESTS, plot_gantt, plot_latency_cdfs
 from kvsim.plots.side_by_side import run_jobs
@@ -31,12 +39,15 @@ PICTURES = {
     "batch": "batch_size.png",
     "hit-rate": "prefix_hit_rate.png",
     "prompt-tokens": "prompt_tokens.png",
+    **OFFLOAD_PICTURES,
 }
 # Pictures of a v1 run only (requests with prefix_hit_tokens); a classic run draws none.
 V1_PICTURES = ("hit-rate", "prompt-tokens")
+# Pictures of a KV offloading run only (kvsim/plots/offload.py); a run without offload draws none.
+OFFLOAD_PICTURE_NAMES = tuple(OFFLOAD_PICTURES)
 # Pictures drawn from the event stream; the others need only the steps and requests tables
 # (a run folder without events.parquet, e.g. a sweep point, still gets those).
-NEEDS_EVENTS = ("occupancy", "gantt")
+NEEDS_EVENTS = ("occupancy", "gantt", "offload-transfers")
 
 
 class RunTables(Protocol):
@@ -60,6 +71,35 @@ def gantt_default_seq_ids(requests: pd.DataFrame, n: int = MAX_GANTT_REQUESTS) -
 def is_v1(run: RunTables) -> bool:
     """Whether ``run`` ran under the v1 scheduler (its requests carry prefix-cache columns)."""
     return "prefix_hit_tokens" in run.requests
+
+
+def is_offload_run(run: RunTables) -> bool:
+    """Whether ``run`` offloaded KV to a CPU tier (its requests carry offload columns)."""
+    return is_offload(run.requests)
+
+
+def default_names(run: RunTables) -> list[str]:
+    """The pictures drawn of ``run`` when none are named: those it has the tables for (events,
+    a v1 scheduler, an offload tier)."""
+    names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
+    if not is_v1(run):
+        names = [n for n in names if n not in V1_PICTURES]
+    if not is_offload_run(run):
+        names = [n for n in names if n not in OFFLOAD_PICTURE_NAMES]
+    return names
+
+
+def offload_events(run: RunTables) -> pd.DataFrame:
+    """The ``OFFLOAD_*`` rows of ``run``'s events: from memory, or read from its events file
+    (only those rows, so a long file is never read whole)."""
+    from kvsim.analysis.offload_tables import OFFLOAD_KINDS, has_offload_events
+
+    if run.events is not None and has_offload_events(run.events):
+        return run.events
+    path = getattr(run, "events_path", None)
+    if path is not None:
+        return pd.read_parquet(path, filters=[("kind", "in", list(OFFLOAD_KINDS))])
+    return run_events(run)
 
 
 def has_events(run: RunTables) -> bool:
@@ -135,7 +175,23 @@ def draw(
         return plot_prefix_hit_rate(run.requests, t_from=t_from, t_to=t_to)
     if name == "prompt-tokens":
         return plot_prompt_tokens(run.steps, run.requests, t_from=t_from, t_to=t_to)
+    if name in OFFLOAD_PICTURES:
+        return _draw_offload(run, name, t_from, t_to)
     raise KeyError(f"no picture named {name!r}; pictures: {', '.join(PICTURES)}")
+
+
+def _draw_offload(run: RunTables, name: str, t_from: float | None, t_to: float | None) -> Figure:
+    offload = run.summary.get("offload") or {}
+    if name == "offload-tier":
+        return plot_offload_tier(run.steps, offload, t_from=t_from, t_to=t_to)
+    if name == "offload-sources":
+        return plot_prompt_sources(run.requests, offload, t_from=t_from, t_to=t_to)
+    if name == "offload-ttft":
+        return plot_offload_ttft(run.requests, t_from=t_from, t_to=t_to)
+    end_s = float(run.summary["sim_duration_s"])
+    return plot_offload_transfers(
+        offload_events(run), offload, t_from=t_from, t_to=t_to, end_s=end_s
+    )
 
 
 def write_pictures(
@@ -147,14 +203,12 @@ def write_pictures(
     t_to: float | None = None,
     workers: int = 1,
 ) -> list[Path]:
-    """Draw ``names`` (default all of ``PICTURES``, less those that need events when ``run``
-    has none) as PNGs into ``folder``, each written atomically; return their paths. With
+    """Draw ``names`` (default all of ``PICTURES`` that ``run`` has tables for:
+    ``default_names``) as PNGs into ``folder``, each written atomically; return their paths. With
     ``workers`` > 1, that many are drawn at a time in forked processes where the platform
     forks (kvsim/plots/side_by_side.py), the same bytes as one after another."""
     if names is None:
-        names = [n for n in PICTURES if has_events(run) or n not in NEEDS_EVENTS]
-        if not is_v1(run):
-            names = [n for n in names if n not in V1_PICTURES]
+        names = default_names(run)
 
     def job(name: str) -> Callable[[], Path]:
         def draw_and_save() -> Path:
@@ -189,8 +243,9 @@ def write_run_plots(
     breakdown, batch size, latency CDFs; the occupancy map and Gantt chart too when
     ``events`` holds the whole stream (block and admission events), or from ``events_path``
     when that file is too long to read whole (a sample of blocks, the drawn requests' rows:
-    kvsim/plots/large_runs.py; ``paged``: the run's allocator is). ``workers`` as in
-    ``write_pictures``."""
+    kvsim/plots/large_runs.py; ``paged``: the run's allocator is); an offloading run's
+    pictures (kvsim/plots/offload.py), its transfers where the events hold them. ``workers``
+    as in ``write_pictures``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     events = events if events is not None else pd.DataFrame({"kind": [], "time_s": []})
@@ -200,9 +255,19 @@ def write_run_plots(
         names += ["occupancy", "gantt"]
     if is_v1(tables):
         names += list(V1_PICTURES)
+    if is_offload_run(tables):  # the transfers from the OFFLOAD_* events, where they were kept
+        names += [n for n in OFFLOAD_PICTURE_NAMES if n not in NEEDS_EVENTS]
+        if _has_offload_rows(events) or large_events(tables) is not None:
+            names.append("offload-transfers")
     paths = write_pictures(tables, folder, names, workers=workers)
     plt.close("all")
     return paths
+
+
+def _has_offload_rows(events: pd.DataFrame) -> bool:
+    from kvsim.analysis.offload_tables import has_offload_events
+
+    return has_offload_events(events)
 
 
 class _Tables:

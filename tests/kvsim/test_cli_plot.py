@@ -15,10 +15,14 @@ from kvsim.cli import app
 from kvsim.outputs.perfetto import validate_trace
 from kvsim.outputs.run_folder import write_run
 from kvsim.plots import PICTURES, V1_PICTURES
+from kvsim.plots.standard import OFFLOAD_PICTURE_NAMES
 from kvsim.runner import RunResult
 
 # the pictures of a classic run (the pressured runs are classic)
-CLASSIC_PICTURES = {n: f for n, f in PICTURES.items() if n not in V1_PICTURES}
+# A classic run's pictures: no v1 prefix cache, no KV offload tier.
+CLASSIC_PICTURES = {
+    n: f for n, f in PICTURES.items() if n not in V1_PICTURES + OFFLOAD_PICTURE_NAMES
+}
 
 
 def kvsim(*args: str | Path) -> Result:

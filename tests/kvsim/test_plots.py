@@ -27,6 +27,7 @@ from kvsim.plots import (
     write_pictures,
     write_run_plots,
 )
+from kvsim.plots.standard import OFFLOAD_PICTURE_NAMES
 from kvsim.runner import RunResult, run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -177,9 +178,9 @@ def test_latency_cdfs_with_no_finished_requests() -> None:
 
 
 def test_write_pictures_writes_every_png(pressured_run: RunResult, tmp_path: Path) -> None:
-    # a classic run: every picture but the v1 run's prefix-cache ones
+    # a classic run: every picture but the v1 run's prefix-cache ones and the offload ones
     paths = write_pictures(pressured_run, tmp_path / "plots", t_from=100.0, t_to=130.0)
-    classic = [f for name, f in PICTURES.items() if name not in V1_PICTURES]
+    classic = [f for name, f in PICTURES.items() if name not in V1_PICTURES + OFFLOAD_PICTURE_NAMES]
     assert sorted(p.name for p in paths) == sorted(classic)
     assert all(p.read_bytes().startswith(PNG) for p in paths)
     assert not [p for p in (tmp_path / "plots").iterdir() if p.name.startswith(".")]
@@ -196,7 +197,8 @@ def test_write_run_plots_keeps_its_signature(preempting_run: RunResult, tmp_path
     names = {p.name for p in write_run_plots(r.steps, r.requests, r.summary, tmp_path / "a", marks)}
     assert names == {"free_blocks.png", "kv_breakdown.png", "batch_size.png", "latency_cdfs.png"}
     full = write_run_plots(r.steps, r.requests, r.summary, tmp_path / "b", r.events)
-    v1_only = {PICTURES[name] for name in V1_PICTURES}  # a classic run draws none
+    # a classic run draws no v1 picture, and a run without a CPU tier no offload picture
+    v1_only = {PICTURES[name] for name in V1_PICTURES + OFFLOAD_PICTURE_NAMES}
     assert {p.name for p in full} == set(PICTURES.values()) - v1_only
 
 

@@ -12,10 +12,14 @@ import pytest
 import kvsim.outputs.report
 from kvsim.outputs.report import build_report, latency_rows, summary_rows, write_report
 from kvsim.plots import PICTURES, V1_PICTURES
+from kvsim.plots.standard import OFFLOAD_PICTURE_NAMES
 from kvsim.runner import RunResult
 
 # the pictures of a classic run (the pressured runs are classic)
-CLASSIC_PICTURES = {n: f for n, f in PICTURES.items() if n not in V1_PICTURES}
+# A classic run's pictures: no v1 prefix cache, no KV offload tier.
+CLASSIC_PICTURES = {
+    n: f for n, f in PICTURES.items() if n not in V1_PICTURES + OFFLOAD_PICTURE_NAMES
+}
 
 
 @pytest.fixture
