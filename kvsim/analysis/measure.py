@@ -65,9 +65,7 @@ def _add_offload_columns(
     n = len(result.requests)
     loaded = request_columns(adm, n, offload=True)["offload_hit_tokens"]
     requests.insert_after("prefix_hit_tokens", "offload_hit_tokens", loaded)
-    columns = offload_request_columns(
-        result.recorder.columns()[0], offload, n, requests["admit_time_s"]
-    )
+    columns = offload_request_columns(result.recorder.columns()[0], offload, n)
     after = "queueing_delay_s"
     for name, values in columns.items():
         requests.insert_after(after, name, values)

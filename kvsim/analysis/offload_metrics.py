@@ -33,16 +33,27 @@ def _per_seq_first(
 
 
 def offload_request_columns(
-    cols: Columns, records: OffloadRecords, n: int, admit_time: np.ndarray
+    cols: Columns, records: OffloadRecords, n: int
 ) -> dict[str, np.ndarray]:
     """requests.parquet's offload columns: ``offload_load_start_s`` (when its first load was
     issued), ``offload_transfer_s`` (that load's transfer time, s), ``offload_recompute_s``
     (what a lone prefill of the loaded tokens takes on the run's step-time model: loading
     pays off when it is the larger; vLLM's rule does not compare), ``offload_load_wait_s``
-    (issue to admission: the TTFT share spent loading) and ``offload_bytes_loaded``."""
-    kind, seq = cols["kind"], cols["seq_id"].astype(np.int64)
+    (issue to the admission that runs it: the TTFT share spent loading, for a first admission)
+    and ``offload_bytes_loaded``."""
+    kind, seq, t = cols["kind"], cols["seq_id"].astype(np.int64), cols["time_s"]
     is_load = kind == EventKind.OFFLOAD_LOAD
-    start = _per_seq_first(seq[is_load], cols["time_s"][is_load], n)
+    start = _per_seq_first(seq[is_load], t[is_load], n)
+    # the admission that ended its first load: the first ADMIT / RESUME after it
+    runs = np.full(n, np.nan)
+    is_admit = (kind == EventKind.ADMIT) | (kind == EventKind.RESUME)
+    order = np.lexsort((t[is_admit], seq[is_admit]))  # by sequence, then time
+    admit_seq, admit_t = seq[is_admit][order], t[is_admit][order]
+    for s_id in np.flatnonzero(~np.isnan(start)):
+        lo, hi = np.searchsorted(admit_seq, [s_id, s_id + 1])
+        at = lo + np.searchsorted(admit_t[lo:hi], start[s_id])
+        if at < hi:
+            runs[s_id] = admit_t[at]
     loads = [j for j in records.jobs if not j.job.is_store]
     transfer = np.full(n, np.nan)
     loaded_bytes = np.zeros(n, dtype=np.int64)
@@ -68,7 +79,7 @@ def offload_request_columns(
         "offload_load_start_s": start,
         "offload_transfer_s": transfer,
         "offload_recompute_s": recompute,
-        "offload_load_wait_s": admit_time - start,
+        "offload_load_wait_s": runs - start,
         "offload_bytes_loaded": loaded_bytes,
     }
 
