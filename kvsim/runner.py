@@ -223,7 +223,7 @@ def run(
         summary, requests, steps, routing = simulate_pd_fleet(
             config, trace, num_blocks, max_model_len,
             lambda: build_executor(config, cost_model), limits,
-            shard_model(cost_model.model, config.tp).kv_bytes_per_token_per_gpu,
+            shard_model(cost_model.model, config.tp).kv_bytes_per_token_per_gpu, progress,
         )  # fmt: skip
         return RunResult(
             config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}

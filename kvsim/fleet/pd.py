@@ -37,7 +37,10 @@ from kvsim.fleet.pd_replica import PDReplicaSimulation
 from kvsim.fleet.routers import ReplicaView, Router, RouteRequest
 from kvsim.sim.gc_passes import fewer_gc_passes
 from kvsim.sim.records import SimResult
+from kvsim.sim.simulation import Progress
 from workloads import Request
+
+PROGRESS_EVERY_ARRIVALS = 256
 
 
 class PDError(RuntimeError):
@@ -153,6 +156,9 @@ class PDFleetSimulation:
         self._by_prefill: dict[tuple[int, int], PDRoute] = {}
         self._by_decode: dict[tuple[int, int], PDRoute] = {}
         self._send_of_pull: dict[tuple[int, int], tuple[int, int]] = {}
+        self.num_done = (
+            0  # requests ended (on their decode leg, or on a prefill leg that sends nothing)
+        )
         num_prefill = len(self.prefill)
         for i, sim in enumerate(self.replicas):
             sim.replica = i
@@ -259,6 +265,7 @@ class PDFleetSimulation:
     def _finished(self, replica: int, seq_id: int) -> None:
         num_prefill = len(self.prefill)
         if replica >= num_prefill:
+            self.num_done += 1
             d = replica - num_prefill
             self._books[1].finished(d, seq_id)
             source = self._send_of_pull.get((d, seq_id))
@@ -275,6 +282,7 @@ class PDFleetSimulation:
         self._books[1].active_blocks[d] -= entry[1]
         job = self.prefill[replica].connector.send_job(seq_id)
         if job is None:  # rejected or aborted there: the request ends
+            self.num_done += 1
             return
         decode = self.decode[d]
         decode_seq = len(decode.submitted)
@@ -306,9 +314,11 @@ class PDFleetSimulation:
         self.prefill_router.on_stats()
         self.decode_router.on_stats()
 
-    def _arrivals(self) -> Generator[simpy.Event, Any, None]:
+    def _arrivals(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
         env, interval, last_tick = self.env, self.stats_interval_s, -1
-        for request in self.requests:
+        for i, request in enumerate(self.requests):
+            if progress is not None and i % PROGRESS_EVERY_ARRIVALS == 0:
+                progress(env.now, self.num_done)
             t = request.arrival_time_s
             if self.until is not None and t >= self.until:
                 break
@@ -337,10 +347,12 @@ class PDFleetSimulation:
             worker.on_submit = None
             worker.collect(env.now)
 
-    def _lifetime(self, engines: list[simpy.Process]) -> Generator[simpy.Event, Any, None]:
+    def _lifetime(
+        self, engines: list[simpy.Process], progress: Progress | None
+    ) -> Generator[simpy.Event, Any, None]:
         """Close the prefill replicas' arrivals after the last arrival, the decode replicas'
         once every prefill replica is done (nothing more can be handed over)."""
-        yield self.env.process(self._arrivals())
+        yield self.env.process(self._arrivals(progress))
         for sim in self.prefill:
             sim.close_arrivals()
         yield self.env.all_of(engines[: len(self.prefill)])
@@ -348,18 +360,21 @@ class PDFleetSimulation:
             sim.close_arrivals()
         yield self.env.all_of(engines[len(self.prefill) :])
 
-    def run(self) -> PDFleetResult:
-        """Replay the requests to the end (or ``until``)."""
+    def run(self, progress: Progress | None = None) -> PDFleetResult:
+        """Replay the requests to the end (or ``until``); ``progress`` (simulated seconds,
+        requests done) is called every ``PROGRESS_EVERY_ARRIVALS`` arrivals and at the end."""
         start = time.perf_counter()
         env = self.env
         engines = [sim.start_engine() for sim in self.replicas]
         for i in range(len(self.prefill), len(self.replicas)):
             env.process(self._watch(i))
-        done: simpy.Event = env.process(self._lifetime(engines))
+        done: simpy.Event = env.process(self._lifetime(engines, progress))
         if self.until is not None:
             done = env.any_of([done, env.timeout(self.until)])
         with fewer_gc_passes():
             env.run(until=done)
+        if progress is not None:
+            progress(env.now, self.num_done)
         wall = time.perf_counter() - start
         return PDFleetResult(
             [sim.collect(wall) for sim in self.replicas], self.routes, len(self.prefill), wall

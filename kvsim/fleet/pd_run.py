@@ -42,6 +42,7 @@ from kvsim.sim.allocators import build_allocator
 from kvsim.sim.engine_config import prefix_source_of, scheduler_config
 from kvsim.sim.executor import Executor
 from kvsim.sim.records import SimSettings
+from kvsim.sim.simulation import Progress
 from workloads import Request, Trace
 
 
@@ -158,16 +159,17 @@ def simulate_pd_fleet(
     make_executor: Callable[[], Executor],
     limits: SchedulingLimits,
     bytes_per_token: float,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, Any], Table, Table, Table]:
     """Run ``trace`` through ``config.pd``'s fleet (``build_pd_fleet``): summary.json,
-    requests, steps and routing tables."""
+    requests, steps and routing tables (``progress`` as PDFleetSimulation.run)."""
     num_prefill, num_decode = parse_pd(config.pd)
     n = num_prefill + num_decode
     bs = config.block_size
     replicas, fleet = build_pd_fleet(
         config, trace, num_blocks, max_model_len, make_executor, limits, bytes_per_token
     )
-    result = fleet.run()
+    result = fleet.run(progress)
     summaries, request_tables, step_tables = [], [], []
     for i, (replica, sim_result) in enumerate(zip(replicas, result.replicas)):
         requests, steps, summary = measure(

@@ -220,3 +220,16 @@ def test_run_folder_of_a_pd_fleet(tmp_path: Path) -> None:
     assert (out / "plots" / "fleet_pd_transfer.png").exists()  # kvsim plot redraws it
     bad = CliRunner().invoke(app, ["run", str(trace), "--pd", "3"])
     assert bad.exit_code == 2 and "P:D" in bad.output
+
+
+def test_progress_counts_requests_not_legs(tmp_path: Path) -> None:
+    """The progress callback ends at the number of requests (a disaggregated request's two
+    legs count once)."""
+    rows = [{"arrival_time_s": 0.01 * i, "prompt_tokens": 100 + i, "output_tokens": 3}
+            for i in range(300)]  # fmt: skip
+    calls: list[tuple[float, int]] = []
+    config = RunConfig(trace=str(write_trace(tmp_path / "t.jsonl", rows)), step_time=STEP,
+                       pd="1:1", num_blocks=4000)  # fmt: skip
+    run(config, lambda t, n: calls.append((t, n)), keep_events=False)
+    assert len(calls) >= 3 and calls[-1][1] == 300
+    assert [n for _, n in calls] == sorted(n for _, n in calls)
