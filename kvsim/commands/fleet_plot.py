@@ -29,7 +29,8 @@ def is_fleet(run: Any) -> bool:
 
 
 def _replicas(run: Any) -> int:
-    return int(run.config.replicas)
+    fleet = run.summary.get("fleet", {})
+    return int(fleet.get("num_replicas", run.config.replicas))  # a P/D fleet: P + D
 
 
 def is_pd(run: Any) -> bool:

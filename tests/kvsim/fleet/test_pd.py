@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine import EventKind
 from kvsim.config import RunConfig, scheduling_limits
 from kvsim.costmodel import resolve_gpu
 from kvsim.fleet.pd_run import build_pd_fleet
@@ -233,3 +234,40 @@ def test_progress_counts_requests_not_legs(tmp_path: Path) -> None:
     run(config, lambda t, n: calls.append((t, n)), keep_events=False)
     assert len(calls) >= 3 and calls[-1][1] == 300
     assert [n for _, n in calls] == sorted(n for _, n in calls)
+
+
+def test_a_full_decode_pool_queues_the_pull(tmp_path: Path) -> None:
+    """Two 500-token prompts prefilled side by side; the decode pool (40 blocks of 16) holds
+    one of them: the second is not rejected, its pull starts only once the first request has
+    finished and freed its blocks, and its prefill replica keeps its blocks until that pull
+    has completed."""
+    rows = [{"arrival_time_s": 0.0, "prompt_tokens": 500, "output_tokens": 10},
+            {"arrival_time_s": 0.0, "prompt_tokens": 500, "output_tokens": 10}]  # fmt: skip
+    config = RunConfig(trace=str(write_trace(tmp_path / "t.jsonl", rows)), step_time=STEP,
+                       pd="2:1", num_blocks=40)  # fmt: skip
+    _, trace = load_workload(config)
+    cost_model = build_cost_model(config)
+    replicas, fleet = build_pd_fleet(
+        config, trace, 40, None, lambda: build_executor(config, cost_model),
+        scheduling_limits(config, resolve_gpu(config.gpu)), BYTES_PER_TOKEN,
+    )  # fmt: skip
+    freed: dict[int, float] = {}  # prefill replica -> when its request's blocks were freed
+    for p, replica in enumerate(replicas[:2]):
+        bm = replica.sim.block_manager
+        free = bm.free_sequence_v1
+
+        def record(seq, preempted=False, p=p, free=free, sim=replica.sim):
+            freed[p] = sim.env.now
+            return free(seq, preempted)
+
+        bm.free_sequence_v1 = record
+    result = fleet.run()
+    first, second = sorted(result.routes, key=lambda r: r.transfer.submitted_s)
+    decode = replicas[2].sim
+    assert decode.num_done == 2 and not decode._reject_reasons
+    cols = decode.recorder.columns()[0]
+    finish = (cols["kind"] == EventKind.FINISH) & (cols["seq_id"] == first.decode_seq)
+    first_finish = float(cols["time_s"][finish][0])
+    assert second.transfer.submitted_s >= first_finish > first.transfer.completed_s
+    assert freed[second.prefill_replica] == pytest.approx(second.transfer.completed_s, abs=1e-9)
+    assert freed[first.prefill_replica] == pytest.approx(first.transfer.completed_s, abs=1e-9)
