@@ -271,6 +271,12 @@ def _print_result(result: Any) -> None:
         say(r.sentence, style="bold")
         for name, why in r.lost:
             say("  ", name, ": ", why)
+    from kvsim.sweep.offload_advice import TABLE_HEAD, table_rows, tier_advice
+
+    for advice in tier_advice(frame, spec):  # a kv_offloading_size axis (docs/sweeps.md)
+        say(advice.sentence, style="bold")
+        for row in table_rows(advice):
+            say("  ", plain(", ".join(f"{h} {c}" for h, c in zip(TABLE_HEAD, row, strict=True))))
 
 
 def _cell(value: Any, fmt: str | None) -> str:

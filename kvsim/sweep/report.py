@@ -29,6 +29,7 @@ from kvsim.sweep.compare import (
     value_text,
     verdicts,
 )
+from kvsim.sweep.offload_advice import TABLE_HEAD, table_rows, tier_advice
 from kvsim.sweep.plots import sweep_figures
 from kvsim.sweep.spec import KV_SLOTS
 from kvsim.sweep.table import SweepResult, max_rates
@@ -225,6 +226,10 @@ def _markdown(
     recommended = recommended_block_sizes(result.table, result.spec, result.spec.objective)
     if recommended:
         out += ["## Recommended block size", "", *(f"- {line}" for line in recommended), ""]
+    for advice in tier_advice(result.table, result.spec):  # a kv_offloading_size axis
+        out += ["## CPU offload tier", "", advice.sentence, ""]
+        out += ["| " + " | ".join(TABLE_HEAD) + " |", "|" + "---|" * len(TABLE_HEAD)]
+        out += ["| " + " | ".join(row) + " |" for row in table_rows(advice)] + [""]
     out += ["## Best points", ""]
     best_rows = _best_lines(best)
     out += [
@@ -314,6 +319,13 @@ def _html(
     if recommended:
         out += ["<h2>Recommended block size</h2><ul>"]
         out += [f"<li>{e(line)}</li>" for line in recommended] + ["</ul>"]
+    for advice in tier_advice(result.table, result.spec):  # a kv_offloading_size axis
+        out += ["<h2>CPU offload tier</h2>", f"<p>{e(advice.sentence)}</p><table><tr>"]
+        out += [f"<th>{e(h)}</th>" for h in TABLE_HEAD] + ["</tr>"]
+        out += [
+            "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+            for row in table_rows(advice)
+        ] + ["</table>"]
     out.append("<h2>Best points</h2><ul class=best>")
     best_rows = _best_lines(best)
     out += [

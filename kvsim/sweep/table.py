@@ -20,6 +20,13 @@ from kvsim.analysis.load import PERCENTILES
 from kvsim.costmodel import BatchShape
 from kvsim.runner import RunResult, build_cost_model
 from kvsim.sweep import slo
+from kvsim.sweep.offload import (
+    OFFLOAD_COLUMNS,
+    OFFLOAD_INT_COLUMNS,
+    fill_tierless,
+    has_offload,
+    offload_row,
+)
 from kvsim.sweep.spec import KV_SLOTS, SweepPoint, SweepSpec
 
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "e2e_latency_s", "queueing_delay_s")
@@ -102,6 +109,7 @@ def point_row(point: SweepPoint, result: RunResult, point_wall_s: float) -> dict
     cached = s.get(CACHED_FIELD) if v1 else None
     row[CACHED_FIELD] = math.nan if cached is None else cached
     row.update(block_costs(result))
+    row.update(offload_row(s))  # a CPU tier's columns (kvsim/sweep/offload.py)
     fleet = s.get("fleet") or {}  # a fleet's load imbalance across replicas (docs/fleet.md)
     for name in FLEET_COLUMNS:
         row[name] = fleet.get(name, math.nan)
@@ -177,6 +185,7 @@ def normalized_latency(requests: pd.DataFrame) -> float:
 def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
     """sweep.csv's table, in point order, with the SLO verdict of each point if asked."""
     fixed = ["point", "label", "status", "error", *spec.axis_names]
+    offload = has_offload(rows)
     config = [
         c
         for c in ("allocator", "block_size", "num_blocks", "kv_slots", "rate")
@@ -190,13 +199,17 @@ def rows_frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
         *BLOCK_COST_COLUMNS,
         # only where some point is a fleet: a one-replica sweep's table stays as it was
         *(FLEET_COLUMNS if any(_is_number(r.get(FLEET_COLUMNS[0])) for r in rows) else ()),
+        # only where some point offloads to a CPU tier: other sweeps' tables stay as they were
+        *(OFFLOAD_COLUMNS if offload else ()),
         *_stat_columns(),
         "normalized_latency_s_per_token",
     ]
     columns = [*fixed, *config, *metrics, *WALL_COLUMNS, "folder"]
     frame = pd.DataFrame(sorted(rows, key=lambda r: r["point"]))
     frame = frame.reindex(columns=columns)
-    for column in INT_COLUMNS:
+    if offload:
+        frame = fill_tierless(frame)
+    for column in (*INT_COLUMNS, *(OFFLOAD_INT_COLUMNS if offload else ())):
         if column in frame and _integral(frame[column]):
             frame[column] = frame[column].astype("Int64")
     frame.insert(4, "slo_met", slo_met(frame, spec))
