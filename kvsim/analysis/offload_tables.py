@@ -33,10 +33,15 @@ def has_offload_events(events: pd.DataFrame | None) -> bool:
     return events is not None and bool(events["kind"].isin(OFFLOAD_KINDS).any())
 
 
-def _ranked(rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` (one block each, in stream order) with each block's occurrence number."""
-    out = rows[["block_id", "seq_id", "time_s"]].reset_index(drop=True)
-    return out.assign(rank=out.groupby("block_id", sort=False).cumcount())
+def _rank(blocks: np.ndarray) -> np.ndarray:
+    """Each row's occurrence number among the rows of its block, in stream order."""
+    order = np.argsort(blocks, kind="stable")
+    ordered = blocks[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    sizes = np.diff(np.r_[starts, len(blocks)])
+    rank = np.empty(len(blocks), dtype=np.int64)
+    rank[order] = np.arange(len(blocks)) - np.repeat(starts, sizes)
+    return rank
 
 
 def transfer_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.DataFrame:
@@ -45,20 +50,30 @@ def transfer_intervals(events: pd.DataFrame, end_s: float | None = None) -> pd.D
     still in flight when the events stop). Sorted by start_s."""
     if end_s is None:
         end_s = float(events["time_s"].max()) if len(events) else 0.0
-    kind = events["kind"].astype(str)
+    kind = events["kind"]  # compared as it is: a categorical column is not turned into strings
+    blocks = events["block_id"].to_numpy(np.int64)
+    times = events["time_s"].to_numpy(np.float64)
+    seqs = events["seq_id"].to_numpy(np.int64)
     frames = []
     for direction, (issue_kind, done_kind) in DIRECTIONS.items():
-        issued = _ranked(events[(kind == issue_kind).to_numpy()])
-        done = _ranked(events[(kind == done_kind).to_numpy()])
-        done = done.rename(columns={"time_s": "end_s"})[["block_id", "rank", "end_s"]]
-        pairs = issued.merge(done, on=["block_id", "rank"], how="left", sort=False)
-        pairs["end_s"] = pairs["end_s"].fillna(end_s)
+        issued = (kind == issue_kind).to_numpy()
+        done = (kind == done_kind).to_numpy()
+        bi, bd = blocks[issued], blocks[done]
+        ri, rd = _rank(bi), _rank(bd)
+        # the k-th issue of a block pairs with its k-th completion: match (block, k) keys
+        scale = max(len(bi), len(bd)) + 1
+        key_i, key_d = bi * scale + ri, bd * scale + rd
+        order = np.argsort(key_d, kind="stable")
+        sorted_d = key_d[order]
+        at = np.minimum(np.searchsorted(sorted_d, key_i), max(len(sorted_d) - 1, 0))
+        found = (at < len(sorted_d)) & (sorted_d[at] == key_i) if len(sorted_d) else at < 0
+        ends = np.where(found, times[done][order][at] if len(sorted_d) else end_s, end_s)
         columns = {
             "direction": direction,
-            "block_id": pairs["block_id"].astype(np.int64),
-            "seq_id": pairs["seq_id"].astype(np.int64),
-            "start_s": pairs["time_s"].astype(np.float64),
-            "end_s": pairs["end_s"],
+            "block_id": bi,
+            "seq_id": seqs[issued],
+            "start_s": times[issued],
+            "end_s": ends.astype(np.float64),
         }
         frames.append(pd.DataFrame(columns))
     out = pd.concat(frames, ignore_index=True)

@@ -115,8 +115,9 @@ def _offload_rows(s: dict[str, Any], requests: Any) -> list[tuple[str, str]]:
          " / ".join("-" if r is None else f"{r:.1%}" for r in (rate, gpu))
          + f" ({loaded:,} prompt tokens loaded from the CPU tier)"),
         ("offload loads",
-         f"{o['loads']['jobs']:,} for {o['requests_loading']:,} requests; "
-         f"{o.get('loads_slower_than_recompute', 0):,} slower than recomputing"),
+         f"{o['loads']['jobs']:,} ({o['requests_loading']:,} requests loaded at first "
+         f"admission; {o.get('loads_slower_than_recompute', 0):,} loads slower than "
+         "recomputing)"),
         ("offload bytes loaded / stored",
          f"{_gib(o['loads']['bytes'])} / {_gib(o['stores']['bytes'])} "
          f"({o['tier_evictions']:,} chunks evicted from the tier)"),

@@ -82,7 +82,7 @@ def test_the_terminal_summary_gives_the_offload_lines(runs: dict[str, Path]) -> 
     s = json.loads((runs["offload"] / "summary.json").read_text())
     o = s["offload"]
     assert f"{o['hit_rate_all_tiers']:.1%} / {s['prefix_cache_hit_rate']:.1%}" in stdout
-    assert f"{o['loads']['jobs']} for {o['requests_loading']} requests" in stdout
+    assert f"{o['loads']['jobs']} ({o['requests_loading']} requests loaded at first" in stdout
     requests = pd.read_parquet(runs["offload"] / "requests.parquet")
     share = loading_share(requests)
     assert share is not None and f"{share:.1%}" in stdout
