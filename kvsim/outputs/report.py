@@ -291,9 +291,9 @@ def build_report(
     options = _options_rows(run)
     notes = warnings(run.summary)
     offload = offload_rows(run.summary, run.requests)
-    offload_section = ""
+    offload_section = []  # nothing at all for a run without offload: its page is as it was
     if offload:  # an offloading run (docs/metrics.md, "KV offloading")
-        offload_section = "<h2>Offload</h2>" + _table(offload) + "".join(offload_figures)
+        offload_section = ["<h2>Offload</h2>" + _table(offload) + "".join(offload_figures)]
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -309,7 +309,7 @@ def build_report(
             "</div>",
             ("<div><h2>Options</h2>" + _table(options) + "</div>") if options else "",
             "</div>",
-            offload_section,
+            *offload_section,
             "<h2>Pictures</h2>",
             *figures,
             "<footer>Written by kvsim report. Definitions: docs/metrics.md.</footer>",
