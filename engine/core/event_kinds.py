@@ -31,6 +31,9 @@ class EventKind(enum.IntEnum):
     OFFLOAD_STORE = 16  # a store issued: block_ids its source GPU blocks, num_tokens its tokens
     OFFLOAD_LOAD_DONE = 17  # that load completed (same block_ids and num_tokens)
     OFFLOAD_STORE_DONE = 18  # that store completed: its chunks are readable in the tier
+    # v1: the sequence sampled its first token (the step that completed its prompt); a
+    # chunked prompt's first token comes with its last chunk, not at its admission.
+    FIRST_TOKEN = 19
 
 
 class StepKind(enum.IntEnum):

@@ -225,6 +225,8 @@ class FastV1Scheduler(LazyV1Scheduler):
             token = sampled_token_ids[at]
             seq.generated_token_ids.append(token)
             seq.last_token_id = token
+            if len(seq.generated_token_ids) == 1 and self.event_sink is not None:
+                self._record_first_token(seq)
             self._nonlazy.remove(seq)
             if cached >= seq._finish_cached_count:
                 seq.finish_reason = "length"

@@ -38,6 +38,7 @@ from engine.core.sequence import Sequence, SequenceStatus
 from engine.v1.request_queue import PriorityWaitingQueue
 
 WAITING = SequenceStatus.WAITING  # module constants: see engine/core/scheduler.py
+FIRST_TOKEN = EventKind.FIRST_TOKEN
 RUNNING = SequenceStatus.RUNNING
 ARRIVE, ADMIT, RESUME, PREEMPT = (
     EventKind.ARRIVE,
@@ -297,6 +298,12 @@ class V1Scheduler(Scheduler):
                 sink.record(kind, seq.seq_id, bm.get_num_free_blocks(), (), n)
             self._on_admit(seq)
 
+    def _record_first_token(self, seq: Sequence) -> None:
+        sink = self.event_sink
+        assert sink is not None
+        free = self.block_manager.get_num_free_blocks()
+        sink.record(FIRST_TOKEN, seq.seq_id, free, (), seq.num_tokens)
+
     def _after_schedule(self, out: SchedulerOutput) -> None:
         """``out`` is decided (not yet pending); for subclasses (KV offloading)."""
 
@@ -355,6 +362,8 @@ class V1Scheduler(Scheduler):
                 continue  # a prefill chunk: nothing sampled yet
             seq.generated_token_ids.append(token)
             seq.last_token_id = token
+            if len(seq.generated_token_ids) == 1 and self.event_sink is not None:
+                self._record_first_token(seq)
             if token in seq._stop_ids:
                 seq.finish_reason = "stop"
                 finished.append(seq)

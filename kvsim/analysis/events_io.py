@@ -41,6 +41,7 @@ METRIC_KINDS = (
     EventKind.ABORT,
     EventKind.REJECT,
     EventKind.OFFLOAD_LOAD,  # a load's lookup counts at its step (kvsim/analysis/prefix_metrics.py)
+    EventKind.FIRST_TOKEN,
 )
 
 

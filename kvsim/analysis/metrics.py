@@ -113,6 +113,11 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
     admit_time = first_per_seq(admit_mask, t, np.nan)
     admit_step = first_per_seq(admit_mask, cols["step"].astype(np.float64), np.nan)
     first_token = _step_end_at(steps, admit_step)
+    is_first = kind == EventKind.FIRST_TOKEN
+    if is_first.any():
+        # v1 records the step that completes each prompt: a chunked prompt's first token
+        # comes with its last chunk (the admission step's end is only its first chunk's)
+        first_token = first_per_seq(is_first, t, np.nan)
     end_mask = np.isin(kind, list(STATUS_BY_END_KIND))
     finish_time = first_per_seq(end_mask, t, np.nan)
     # The admit step's token exists only if the request was still there when the step

@@ -33,6 +33,8 @@ enum EventKind : int8_t {
   kCache = 12,
   kEvict = 13,
   kCacheReset = 14,
+  // 15-18: KV offload transfers (engine/offload, Python only)
+  kFirstToken = 19,
 };
 constexpr int32_t kNoSeq = -1;  // seq_id of events about no sequence (EVICT, STEP, ...)
 

@@ -149,6 +149,7 @@ class V1Scheduler {
       if (q.cached < q.num_tokens()) continue;  // a prefill chunk: nothing sampled yet
       ++q.num_generated;
       pool_.append_tokens(h, &token_, 1);
+      if (q.num_generated == 1) record(kFirstToken, q, q.num_tokens());
       if (q.stops_on_token || q.cached >= q.finish_cached_count) done_.push_back(h);
     }
     // Scheduler._finish_sampled, then _drop_finished (the running order kept)
