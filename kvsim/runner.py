@@ -17,6 +17,7 @@ from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChu
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
 from kvsim.analysis.measure import measure
 from kvsim.analysis.metrics import events_frame, mark_events
+from kvsim.analysis.offload_metrics import transfers_table
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits, scheduling_limits
 from kvsim.costmodel import (
@@ -62,7 +63,8 @@ class RunResult:
     events: pd.DataFrame | None  # None when the events were streamed to ``events_path``
     events_path: Path | None = None
     marks_table: Table | None = None  # PREEMPT and REJECT events, for the plots
-    # More tables of the run folder, by name (a fleet's "routing": routing.parquet)
+    # More tables of the run folder, by name (a fleet's "routing": routing.parquet, an
+    # offloading run's "transfers": transfers.parquet)
     extra_tables: dict[str, Table] = field(default_factory=dict)
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
 
@@ -441,4 +443,9 @@ def simulate(
     unarrived = unarrived_warning(trace, int(summary["num_requests"]), config.until, config.rate)
     if unarrived is not None:  # --until stopped the run before the trace's last arrival
         resolved.setdefault("warnings", []).append(unarrived)
-    return RunResult(config, resolved, summary, requests, steps, events, events_path, marks)
+    extra: dict[str, Table] = {}
+    if result.offload is not None:
+        extra["transfers"] = transfers_table(result.offload, result.block_size)
+    return RunResult(
+        config, resolved, summary, requests, steps, events, events_path, marks, extra_tables=extra
+    )

@@ -21,6 +21,7 @@ from engine import EventKind
 from engine.core.events import Columns
 from kvsim.analysis.load import distribution
 from kvsim.analysis.prefix_metrics import Admissions
+from kvsim.analysis.table import Table
 from kvsim.sim.records import OffloadRecords
 
 
@@ -139,3 +140,36 @@ def offload_summary(
         if len(records.step_tier_evictions)
         else 0,
     }
+
+
+def transfers_table(records: OffloadRecords, block_size: int) -> Table:
+    """transfers.parquet: one row per load or store job, in submission order: its request
+    (seq_id), kind, GPU blocks and tokens moved, chunks, bytes, when it was submitted and
+    completed on the link (s; NaN if still in flight when the run ended) and, for a load,
+    what recomputing its tokens would have taken instead (s)."""
+    jobs = records.jobs
+    n = len(jobs)
+    kind = np.fromiter((1 if j.job.is_store else 0 for j in jobs), np.int8, n)
+    completed = np.fromiter(
+        (np.nan if j.completed_s is None else j.completed_s for j in jobs), np.float64, n
+    )
+    blocks = np.fromiter((len(j.job.gpu_block_ids) for j in jobs), np.int64, n)
+    recompute = np.fromiter(
+        (records.load_recompute_s.get(j.job.job_id, np.nan) for j in jobs), np.float64, n
+    )
+    return Table(
+        {
+            "job": np.fromiter((j.job.job_id for j in jobs), np.int64, n),
+            "seq_id": np.fromiter((j.job.seq_id for j in jobs), np.int64, n),
+            "kind": kind,
+            "gpu_blocks": blocks,
+            "tokens": blocks * block_size,
+            "chunks": np.fromiter((len(j.job.keys) for j in jobs), np.int64, n),
+            "bytes": np.fromiter((j.nbytes for j in jobs), np.int64, n),
+            "submitted_s": np.fromiter((j.submitted_s for j in jobs), np.float64, n),
+            "completed_s": completed,
+            "transfer_s": completed - np.fromiter((j.submitted_s for j in jobs), np.float64, n),
+            "recompute_s": recompute,
+        },
+        categories={"kind": ("load", "store")},
+    )

@@ -58,6 +58,12 @@ def test_a_prefix_the_gpu_lost_is_loaded_from_the_cpu_tier(tmp_path: Path) -> No
     assert offload["prompt_tokens_by_source"]["external_kv_transfer"] == r2["offload_hit_tokens"]
     assert offload["loads"]["jobs"] == 1
     assert offload["hit_rate_all_tiers"] > summary["prefix_cache_hit_rate"]
+    transfers = pq.read_table(out / "transfers.parquet").to_pandas()
+    assert list(transfers["kind"].astype(str)).count("load") == 1
+    load = transfers[transfers["kind"].astype(str) == "load"].iloc[0]
+    assert load["transfer_s"] == r2["offload_transfer_s"]
+    assert load["recompute_s"] == r2["offload_recompute_s"]
+    assert load["bytes"] == load["gpu_blocks"] * 16 * 131072
     steps = pq.read_table(out / "steps.parquet").to_pandas()
     assert steps["offload_tier_chunks"].max() == offload["tier_chunks_peak"] > 0
 
