@@ -1,0 +1,65 @@
+"""KV offload speed (issue 29's bar: a run with a CPU tier costs at most 1.5x the GPU-only
+run's wall time on the Mooncake conversation trace), medians of --repeats, side by side in one
+process: the GPU-only run (the compiled core when it is built) and the same run with
+`--kv-offloading-size` (the readable Python scheduler with vLLM's offloading connector),
+in turns so that the machine's drifting speed hits both alike. `kvsim run --no-plots`'s work
+without the CLI; llama-3.1-8b on h100-sxm with a 30,000-block pool (the issue's setting).
+
+    python benchmarks/bench_offload.py [--repeats 3] [--trace NAME] [--size GIB]
+
+The default trace is the first 1,000 requests of the Mooncake conversation trace (the whole
+trace takes minutes with offload on); `--trace mooncake_fast25_conversation` is the issue's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from kvsim.config import RunConfig
+from kvsim.runner import run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trace", default="mooncake_fast25_conversation_first_1000")
+    parser.add_argument("--size", type=float, default=64.0, help="CPU tier (GiB)")
+    args = parser.parse_args()
+    base = RunConfig(
+        trace=args.trace,
+        model="llama-3.1-8b",
+        gpu="h100-sxm",
+        num_blocks=30_000,
+        max_model_len=200_000,
+        allow_long_max_model_len=True,
+    )
+    configs = {
+        "gpu only": base,
+        f"cpu tier {args.size:g} GiB": base.replace(kv_offloading_size=args.size),
+    }
+    walls: dict[str, list[float]] = {name: [] for name in configs}
+    hit: dict[str, float] = {}
+    for _ in range(args.repeats):
+        for name, config in configs.items():  # in turns: the machine's speed drifts
+            start = time.perf_counter()
+            result = run(config, keep_events=False)
+            walls[name].append(time.perf_counter() - start)
+            offload = result.summary.get("offload")
+            hit[name] = (
+                offload["hit_rate_all_tiers"]
+                if offload
+                else result.summary["prefix_cache_hit_rate"] or 0.0
+            )
+    print(f"{args.trace}, llama-3.1-8b on h100-sxm, 30,000 blocks, medians of {args.repeats}")
+    medians = {name: statistics.median(values) for name, values in walls.items()}
+    for name, values in walls.items():
+        runs = ", ".join(f"{v:.1f}" for v in values)
+        print(f"  {name:20s} {medians[name]:7.1f} s  (runs: {runs})  hit rate {hit[name]:.4f}")
+    first, second = medians.values()
+    print(f"  offload / GPU only: {second / first:.1f}x (bar, issue 29: <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
