@@ -210,7 +210,8 @@ class OffloadConnector:
         admitted_ids = {seq.seq_id for seq in admitted}
         for seq in scheduled:
             st = self._states[seq.seq_id]
-            self._update_offload_keys(st)
+            if st.next_stored_chunk < self._max_chunks(seq):
+                self._update_offload_keys(st)
             if seq.seq_id in admitted_ids:
                 st.block_ids[:] = seq.block_table
                 allocated.update(seq.block_table)
@@ -230,7 +231,13 @@ class OffloadConnector:
                 jobs_to_flush.update(pending.get(b, ()))
         store_jobs = []
         finished = [self._states[i] for i in self._finished_since_meta if i in self._states]
-        work = [(self._states[s.seq_id], n) for s, n in zip(scheduled, num_new_tokens)]
+        # A request that has offered every chunk it may store has nothing to store (most
+        # decoding requests: vLLM stores prompt chunks only), so it is not asked.
+        work = [
+            (st, n)
+            for s, n in zip(scheduled, num_new_tokens)
+            if (st := self._states[s.seq_id]).next_stored_chunk < self._max_chunks(s)
+        ]
         work.extend((st, 0) for st in finished)
         for st, n in work:
             job = self._store_job(st, n)
@@ -253,6 +260,12 @@ class OffloadConnector:
         self._batch_allocated = set()
         self._finished_since_meta = []
         return meta
+
+    def _max_chunks(self, seq: Sequence) -> int:
+        """Chunks ``seq`` could ever store: its prompt's full chunks (vLLM's
+        offload_prompt_only), else all its tokens' (it grows)."""
+        tokens = seq.num_prompt_tokens if self.config.offload_prompt_only else seq.num_tokens
+        return tokens // self.tokens_per_chunk
 
     def _store_job(self, st: _RequestState, num_scheduled: int) -> TransferJob | None:
         seq = st.seq
