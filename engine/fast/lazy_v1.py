@@ -135,7 +135,10 @@ class LazyV1Scheduler(V1Scheduler):
         heap = self._finish_heap
         for seq in self._running:
             c = seq.cached_token_count
-            if c + 1 == seq.num_prompt_tokens + len(seq.generated_token_ids):
+            generated = len(seq.generated_token_ids)
+            # One that has not sampled its first token yet (a 1-token prompt, or a prompt
+            # cached but its last token) stays exact: that step records its FIRST_TOKEN.
+            if generated and c + 1 == seq.num_prompt_tokens + generated:
                 bucket = (c - d) % bs
                 self._epoch[seq.seq_id] = (d, bucket)
                 self._buckets[bucket].append(seq)
