@@ -17,6 +17,7 @@ import typer
 from kvsim.commands.console import Command, fail, say
 from kvsim.commands.fleet_plot import (
     FLEET_PICTURE_NAMES,
+    PD_PICTURE_NAMES,
     draw_fleet,
     fleet_names,
     fleet_pngs,
@@ -137,10 +138,10 @@ def picture_names(what: list[str] | None) -> list[str] | None:
         return None
     names = [n.strip() for item in what for n in item.split(",")]
     for name in names:
-        if name not in PICTURE_NAMES + FLEET_PICTURE_NAMES:
+        if name not in PICTURE_NAMES + FLEET_PICTURE_NAMES + PD_PICTURE_NAMES:
             fail(
                 f"--what: no picture named {name!r}; pictures: {', '.join(PICTURE_NAMES)} "
-                f"(a fleet's: {', '.join(FLEET_PICTURE_NAMES)})"
+                f"(a fleet's: {', '.join(FLEET_PICTURE_NAMES + PD_PICTURE_NAMES)})"
             )
     return list(dict.fromkeys(names))
 
@@ -154,7 +155,8 @@ def plot_command(
             "-w",
             metavar="NAME[,NAME...]",
             help=f"Pictures to draw: {', '.join(PICTURE_NAMES)}; a fleet's: "
-            f"{', '.join(FLEET_PICTURE_NAMES)} (comma-separated or repeated).",
+            f"{', '.join(FLEET_PICTURE_NAMES + PD_PICTURE_NAMES)} (comma-separated or "
+            "repeated).",
             show_default="all",
         ),
     ] = None,
@@ -190,7 +192,7 @@ def plot_command(
     if fleet:
         names = fleet_names(run, names, t_from, t_to)
     for name in names or []:
-        if name in FLEET_PICTURE_NAMES and not fleet:
+        if name in FLEET_PICTURE_NAMES + PD_PICTURE_NAMES and not fleet:
             fail(f"{run_dir}: {name} is a fleet's picture, and this run has one replica")
         if name in OFFLOAD_PICTURE_NAMES and not is_offload_run(run):
             fail(

@@ -219,6 +219,10 @@ def test_run_folder_of_a_pd_fleet(tmp_path: Path) -> None:
     redraw = CliRunner().invoke(app, ["plot", str(out), "--force"])
     assert redraw.exit_code == 0, redraw.output
     assert (out / "plots" / "fleet_pd_transfer.png").exists()  # kvsim plot redraws it
+    (out / "plots" / "fleet_pd_transfer.png").unlink()
+    by_name = CliRunner().invoke(app, ["plot", str(out), "--what", "fleet-pd-transfer", "--force"])
+    assert by_name.exit_code == 0, by_name.output
+    assert (out / "plots" / "fleet_pd_transfer.png").exists()
     bad = CliRunner().invoke(app, ["run", str(trace), "--pd", "3"])
     assert bad.exit_code == 2 and "P:D" in bad.output
 
