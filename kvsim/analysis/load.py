@@ -141,7 +141,9 @@ PERCENTILES = (50, 90, 99)  # summary.json's latency percentiles
 def distribution(values: np.ndarray) -> dict[str, float | None]:
     """``{mean, p50, p90, p99}`` as summary.json writes latencies (None when empty)."""
     v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
+    nan = np.isnan(v)
+    if nan.any():  # else no copy (1.5 M block lifetimes: 12 MB)
+        v = v[~nan]
     if len(v) == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     # one call partitions the samples once for all three (1.5M block lifetimes: 31 ms against

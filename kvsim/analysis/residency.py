@@ -153,6 +153,8 @@ class SampleReservoir:
         """Keep the ``capacity`` smallest priorities; the largest kept is the threshold."""
         if not self._values:
             self._values, self._ids = [np.zeros(0)], [np.zeros(0, dtype=np.int64)]
+        if len(self._values) == 1 and self._num_kept <= self.capacity:
+            return  # one array and nothing to drop (a restored reservoir): no copy
         values, ids = np.concatenate(self._values), np.concatenate(self._ids)
         if len(values) > self.capacity:
             priority = _priority(ids, self._seed)
@@ -165,8 +167,12 @@ class SampleReservoir:
         """Every value added or, past ``capacity``, the sample: in the order of their ids."""
         self._trim()
         values, ids = self._values[0], self._ids[0]
-        order = np.argsort(ids, kind="stable")
-        self._values, self._ids = [values[order]], [ids[order]]
+        # The compiled core's samples come in id order: sorting and copying them again (and
+        # _trim's concatenation) took 90-140 ms of CPU for the three metrics of the whole
+        # Azure conversation trace's 1.5 M block lives, 2 ms without.
+        if not np.all(ids[1:] > ids[:-1]):
+            order = np.argsort(ids, kind="stable")
+            self._values, self._ids = [values[order]], [ids[order]]
         return self._values[0]
 
     def distribution(self) -> Distribution:
