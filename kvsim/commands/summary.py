@@ -82,12 +82,52 @@ def _fleet_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     weights = f" ({fleet['router_weights']})" if fleet.get("router_weights") else ""
     delay = fleet["router_event_delay_s"]
     events = "caches read directly" if fleet["router_oracle"] else f"KV events {delay:g} s late"
+    pd = fleet.get("pd")
+    shape = (
+        _pd_shape(s["replicas"], pd)
+        if pd
+        else f"{fleet['num_replicas']} replicas x {_pool(replica, 'paged')}"
+    )
     return [
-        ("fleet", f"{fleet['num_replicas']} replicas x {_pool(replica, 'paged')}"),
+        ("fleet", shape),
         ("router", f"{fleet['router']}{weights}, {events}"),
         ("requests per replica", " / ".join(f"{n:,}" for n in fleet["requests_per_replica"])
          + f" (CV {fleet['requests_cv']:.2f}; busy time CV {fleet['busy_time_cv']:.2f})"),
         ("hit rate per replica", " / ".join(rates)),
+        *(_pd_rows(pd) if pd else []),
+    ]  # fmt: skip
+
+
+def _pd_shape(replicas: list[dict[str, Any]], pd: dict[str, Any]) -> str:
+    """A P/D fleet's pools: prefill replicas first (summary.json's ``replicas`` order), each
+    pool with its own KV pool (and its GPU x TP when the pools differ)."""
+    num_prefill = pd["num_prefill_replicas"]
+    hardware = [(h["tp"], h["gpu"]) if h else None for h in (pd.get("prefill"), pd.get("decode"))]
+    differ = hardware[0] != hardware[1]
+    parts = []
+    for name, pool, gpus in (
+        ("prefill", replicas[:num_prefill], hardware[0]),
+        ("decode", replicas[num_prefill:], hardware[1]),
+    ):
+        on = f" on {gpus[0]} x {gpus[1]}" if differ and gpus else ""
+        parts.append(f"{len(pool)} {name}{on} x {_pool(pool[0], 'paged')}" if pool else "")
+    return " + ".join(p for p in parts if p)
+
+
+def _pd_rows(pd: dict[str, Any]) -> list[tuple[str, str]]:
+    """A P/D fleet's lines (summary.json ``fleet.pd``; docs/fleet.md): llm-d's decider,
+    the pulls and their time on the decode replicas' links."""
+    times = pd.get("transfer_time_s") or {}
+    return [
+        ("P/D disaggregated",
+         f"{pd['requests_disaggregated']:,} requests ({pd['disaggregated_share']:.1%}: the decode "
+         f"replica's uncached prompt >= {pd['threshold_tokens']:,} tokens)"),
+        ("P/D KV pulls",
+         f"{pd['transfers']:,} of {pd['transfer_tokens']:,} tokens, "
+         f"{_gib(round(pd['transfer_bytes']))} ({pd['kv_bytes_per_token']:,.0f} B/token over "
+         f"{pd['link_gbps']:g} GB/s + {pd['link_latency_us']:g} us links)"),
+        ("P/D pull time p50 / p99",
+         " / ".join(duration_text(times.get(q)) for q in ("p50", "p99"))),
     ]  # fmt: skip
 
 

@@ -202,6 +202,7 @@ def test_run_folder_of_a_pd_fleet(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from kvsim.cli import app
+    from kvsim.commands.summary import summary_rows
 
     rows = [{"arrival_time_s": 0.1 * i, "prompt_tokens": 200 + 50 * i, "output_tokens": 4}
             for i in range(6)]  # fmt: skip
@@ -214,6 +215,21 @@ def test_run_folder_of_a_pd_fleet(tmp_path: Path) -> None:
     assert 'alt="fleet-pd-transfer"' in (out / "report.html").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["fleet"]["pd"]["transfers"] == 6
+    assert "P/D disaggregated" in result.output  # the terminal summary has the P/D lines
+    rows = dict(summary_rows(summary))
+    assert rows["fleet"] == (
+        "1 prefill x 400 blocks x 16 tokens (6,400 slots) + 2 decode x 400 blocks x 16 tokens "
+        "(6,400 slots)"
+    )
+    assert rows["P/D disaggregated"].startswith("6 requests (100.0%")
+    moved = sum(200 + 50 * i for i in range(6))
+    assert rows["P/D KV pulls"].startswith(f"6 of {moved:,} tokens, ")
+    assert f"{BYTES_PER_TOKEN * moved / 2**20:,.1f} MiB" in rows["P/D KV pulls"]
+    p50, p99 = (
+        summary["fleet"]["pd"]["transfer_time_s"]["p50"],
+        summary["fleet"]["pd"]["transfer_time_s"]["p99"],
+    )
+    assert rows["P/D pull time p50 / p99"] == f"{p50 * 1e3:.1f} ms / {p99 * 1e3:.1f} ms"
     assert json.loads((out / "config.json").read_text())["options"]["pd"] == "1:2"
     (out / "plots" / "fleet_pd_transfer.png").unlink()
     redraw = CliRunner().invoke(app, ["plot", str(out), "--force"])
