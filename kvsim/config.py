@@ -318,6 +318,43 @@ class RunConfig:
         check=at_least(0, maximum=1e9),
         omit_default=True,
     )
+    pd_prefill_gpu: str | None = option(
+        None,
+        help="P/D: the prefill replicas' GPU preset or spec file (their pool and step times)",
+        unit="NAME|PATH",
+        default_text="--gpu",
+        sweep="param",
+        check=not_empty,
+        omit_default=True,
+    )
+    pd_prefill_tp: int | None = option(
+        None,
+        help="P/D: the prefill replicas' tensor-parallel GPUs",
+        unit="GPUS",
+        default_text="--tp",
+        sweep="param",
+        check=at_least(1, maximum=4096),
+        omit_default=True,
+    )
+    pd_decode_gpu: str | None = option(
+        None,
+        help="P/D: the decode replicas' GPU preset or spec file (their pool and step times)",
+        unit="NAME|PATH",
+        default_text="--gpu",
+        sweep="param",
+        check=not_empty,
+        omit_default=True,
+    )
+    pd_decode_tp: int | None = option(
+        None,
+        help="P/D: the decode replicas' tensor-parallel GPUs (vLLM's NIXL connector pulls "
+        "between TP sizes of which one divides the other)",
+        unit="GPUS",
+        default_text="--tp",
+        sweep="param",
+        check=at_least(1, maximum=4096),
+        omit_default=True,
+    )
     # KV offload tiers (docs/offload.md): vLLM's native OffloadingConnector with a CPU tier
     kv_offloading_size: float = option(
         0.0,
@@ -441,6 +478,11 @@ class RunConfig:
             if problem is not None:
                 raise ConfigError(problem)
 
+    def sets_pd_pools(self) -> bool:
+        """Whether a P/D pool's own GPU or TP is given (--pd-prefill-gpu, ...)."""
+        pools = (self.pd_prefill_gpu, self.pd_prefill_tp, self.pd_decode_gpu, self.pd_decode_tp)
+        return any(v is not None for v in pools)
+
     def caches_prefixes(self) -> bool:
         """Whether the run caches prefixes (v1 only: classic never reuses a block)."""
         return self.resolved_scheduler() == "v1" and self.enable_prefix_caching
@@ -522,6 +564,27 @@ def _trace_found_from_here(options: dict[str, Any], resolved: Any) -> dict[str, 
 @functools.cache
 def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(RunConfig)
+
+
+def pd_pool_tps(c: RunConfig) -> tuple[int, int]:
+    """A P/D fleet's tensor-parallel sizes: (prefill, decode), each its option or --tp."""
+    prefill = c.tp if c.pd_prefill_tp is None else c.pd_prefill_tp
+    return prefill, c.tp if c.pd_decode_tp is None else c.pd_decode_tp
+
+
+def _pd_tp_problem(c: RunConfig) -> str | None:
+    """vLLM's NIXL connector pulls between TP sizes of which one divides the other
+    (TransferTopology.tp_ratio in vllm/distributed/kv_transfer/kv_connector/utils.py asserts
+    it at the handshake)."""
+    if c.pd is None:
+        return None
+    prefill, decode = pd_pool_tps(c)
+    if max(prefill, decode) % min(prefill, decode) == 0:
+        return None
+    return (
+        f"--pd-prefill-tp {prefill} and --pd-decode-tp {decode}: one must divide the other "
+        "(vLLM's NIXL connector maps TP ranks between pools only then)"
+    )
 
 
 def _offload_block_size_problem(c: RunConfig) -> str | None:
@@ -622,6 +685,13 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         )
         else None
     ),
+    lambda c: (
+        "--pd-prefill-gpu, --pd-prefill-tp, --pd-decode-gpu and --pd-decode-tp set a P/D "
+        "fleet's pools: give --pd P:D"
+        if c.pd is None and c.sets_pd_pools()
+        else None
+    ),
+    _pd_tp_problem,
     lambda c: (
         "KV offload (--kv-offloading-size above 0) runs with the v1 scheduler and paged KV "
         "blocks (vLLM's OffloadingConnector is a v1 KV connector)"

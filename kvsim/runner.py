@@ -193,10 +193,20 @@ def run(
             config, progress, events_path, keep_events=keep_events, on_start=on_start
         )
     trace_path, trace = load_workload(config)
-    cost_model = build_cost_model(config)
-    limits = scheduling_limits(config, cost_model.gpu)
     warnings: list[str] = []
-    num_blocks, plan = resolve_num_blocks(config, cost_model, limits, warnings)
+    pools = None
+    if config.pd is not None:
+        from kvsim.fleet.pd_pools import resolve_pools
+
+        # the decode pool's figures stand for the run's (they are --gpu's and --tp's unless
+        # --pd-decode-gpu / --pd-decode-tp are given); each pool's in resolved.pd_pools
+        pools = resolve_pools(config, warnings)
+        cost_model, limits = pools[1].cost_model, pools[1].limits
+        num_blocks, plan = pools[1].num_blocks, pools[1].memory_plan
+    else:
+        cost_model = build_cost_model(config)
+        limits = scheduling_limits(config, cost_model.gpu)
+        num_blocks, plan = resolve_num_blocks(config, cost_model, limits, warnings)
     executor = build_executor(config, cost_model)
     max_model_len = resolve_max_model_len(config, cost_model.model.max_model_len, warnings)
     offload = build_offload(config, cost_model)
@@ -216,17 +226,18 @@ def run(
     }
     if offload is not None:  # absent without offload: such a run's folder is as before
         resolved["offload"] = offload.describe()
-    if config.pd is not None:
-        from kvsim.costmodel.sharding import shard_model
+    if pools is not None:
         from kvsim.fleet.pd_run import simulate_pd_fleet
 
+        if config.sets_pd_pools():  # absent otherwise: such a run's folder is as before
+            resolved["pd_pools"] = {
+                p.role: {**p.describe(), "memory_plan": p.memory_plan} for p in pools
+            }
         if on_start is not None:
             on_start(len(trace.requests))
         summary, requests, steps, routing = simulate_pd_fleet(
-            config, trace, num_blocks, max_model_len,
-            lambda: build_executor(config, cost_model), limits,
-            shard_model(cost_model.model, config.tp).kv_bytes_per_token_per_gpu, progress,
-        )  # fmt: skip
+            config, trace, pools, max_model_len, progress
+        )
         return RunResult(
             config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}
         )

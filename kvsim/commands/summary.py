@@ -109,7 +109,7 @@ def _pd_shape(replicas: list[dict[str, Any]], pd: dict[str, Any]) -> str:
         ("prefill", replicas[:num_prefill], hardware[0]),
         ("decode", replicas[num_prefill:], hardware[1]),
     ):
-        on = f" on {gpus[0]} x {gpus[1]}" if differ and gpus else ""
+        on = f" ({gpus[0]} x {gpus[1]})" if differ and gpus else ""
         parts.append(f"{len(pool)} {name}{on} x {_pool(pool[0], 'paged')}" if pool else "")
     return " + ".join(p for p in parts if p)
 

@@ -32,6 +32,7 @@ from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits
 from kvsim.fleet.kv_index import KvEventTap
 from kvsim.fleet.pd import PDFleetResult, PDFleetSimulation, PDRoute
+from kvsim.fleet.pd_pools import PDPool, pull_bytes_per_token
 from kvsim.fleet.pd_replica import PDReplicaSimulation
 from kvsim.fleet.pd_summary import pd_section
 from kvsim.fleet.routers import make_router
@@ -101,17 +102,18 @@ class _PDReplica:
 def build_pd_fleet(
     config: RunConfig,
     trace: Trace,
-    num_blocks: int,
+    pools: tuple[PDPool, PDPool],
     max_model_len: int | None,
-    make_executor: Callable[[], Executor],
-    limits: SchedulingLimits,
-    bytes_per_token: float,
+    bytes_per_token: float | None = None,
 ) -> tuple[list[_PDReplica], PDFleetSimulation]:
-    """``config.pd``'s replicas (prefill first) of ``num_blocks`` blocks each and the fleet
-    that runs ``trace`` through them, pulls moving ``bytes_per_token`` bytes per token."""
+    """``config.pd``'s replicas (prefill first), each with its pool's blocks, limits and
+    step-time model, and the fleet that runs ``trace`` through them, pulls moving
+    ``bytes_per_token`` bytes per token (default: kvsim.fleet.pd_pools.pull_bytes_per_token)."""
     num_prefill, num_decode = parse_pd(config.pd)
     n = num_prefill + num_decode
     bs = config.block_size
+    if bytes_per_token is None:
+        bytes_per_token = pull_bytes_per_token(*pools)
     prefix_of = prefix_source_of(trace, bs) if config.caches_prefixes() else None
     weights = parse_router_weights(config.router_weights)
     routers = (
@@ -121,21 +123,23 @@ def build_pd_fleet(
     env = simpy.Environment()
     rate = config.pd_link_gbps * 1e9
     latency = config.pd_link_latency_us * 1e-6
-    replicas = [
-        _PDReplica(
-            config,
-            limits,
-            num_blocks,
-            max_model_len,
-            make_executor(),
-            prefix_of,
-            env,
-            None if i < num_prefill else TransferLink(rate, rate, latency),
-            bytes_per_token,
-            n,
+    replicas = []
+    for i in range(n):
+        pool = pools[0] if i < num_prefill else pools[1]
+        replicas.append(
+            _PDReplica(
+                config,
+                pool.limits,
+                pool.num_blocks,
+                max_model_len,
+                pool.make_executor(),
+                prefix_of,
+                env,
+                None if i < num_prefill else TransferLink(rate, rate, latency),
+                bytes_per_token,
+                n,
+            )
         )
-        for i in range(n)
-    ]
     fleet = PDFleetSimulation(
         trace.requests,
         [r.sim for r in replicas[:num_prefill]],
@@ -154,11 +158,8 @@ def build_pd_fleet(
 def simulate_pd_fleet(
     config: RunConfig,
     trace: Trace,
-    num_blocks: int,
+    pools: tuple[PDPool, PDPool],
     max_model_len: int | None,
-    make_executor: Callable[[], Executor],
-    limits: SchedulingLimits,
-    bytes_per_token: float,
     progress: Progress | None = None,
 ) -> tuple[dict[str, Any], Table, Table, Table]:
     """Run ``trace`` through ``config.pd``'s fleet (``build_pd_fleet``): summary.json,
@@ -166,9 +167,8 @@ def simulate_pd_fleet(
     num_prefill, num_decode = parse_pd(config.pd)
     n = num_prefill + num_decode
     bs = config.block_size
-    replicas, fleet = build_pd_fleet(
-        config, trace, num_blocks, max_model_len, make_executor, limits, bytes_per_token
-    )
+    bytes_per_token = pull_bytes_per_token(*pools)
+    replicas, fleet = build_pd_fleet(config, trace, pools, max_model_len, bytes_per_token)
     result = fleet.run(progress)
     summaries, request_tables, step_tables = [], [], []
     for i, (replica, sim_result) in enumerate(zip(replicas, result.replicas)):
@@ -193,7 +193,9 @@ def simulate_pd_fleet(
             "router_oracle": config.router_oracle,
         },
     )
-    summary["fleet"]["pd"] = pd_section(requests, config, num_prefill, num_decode, bytes_per_token)
+    summary["fleet"]["pd"] = pd_section(
+        requests, config, num_prefill, num_decode, bytes_per_token, pools
+    )
     routing = pd_routing(requests, result.routes, bs)
     return summary, requests, _concatenated(step_tables), routing
 

@@ -9,12 +9,19 @@ import numpy as np
 from kvsim.analysis.load import distribution
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig
+from kvsim.fleet.pd_pools import PDPool
 
 
 def pd_section(
-    requests: Table, config: RunConfig, num_prefill: int, num_decode: int, bytes_per_token: float
+    requests: Table,
+    config: RunConfig,
+    num_prefill: int,
+    num_decode: int,
+    bytes_per_token: float,
+    pools: tuple[PDPool, PDPool],
 ) -> dict[str, Any]:
-    """The fleet's shape, the decider and link settings, and what moved: requests
+    """The fleet's shape, each pool's GPU, TP, KV blocks and limits (``prefill``,
+    ``decode``), the decider and link settings, and what moved: requests
     disaggregated (and their share), pulls completed, tokens and bytes moved, the pulls'
     time distribution (s: submission to completion on the decode replica's link)."""
     disaggregated = np.asarray(requests["disaggregated"], dtype=bool)
@@ -24,6 +31,8 @@ def pd_section(
     return {
         "num_prefill_replicas": num_prefill,
         "num_decode_replicas": num_decode,
+        "prefill": pools[0].describe(),
+        "decode": pools[1].describe(),
         "threshold_tokens": config.pd_threshold,
         "link_gbps": config.pd_link_gbps,
         "link_latency_us": config.pd_link_latency_us,

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import EventKind
-from kvsim.config import RunConfig, scheduling_limits
-from kvsim.costmodel import resolve_gpu
+from kvsim.config import RunConfig
+from kvsim.fleet.pd_pools import resolve_pools
 from kvsim.fleet.pd_run import build_pd_fleet
-from kvsim.runner import build_cost_model, build_executor, load_workload, run
+from kvsim.runner import load_workload, run
 
 STEP = "linear:0.005:1e-5"
 ONE_TOKEN_STEP_S = 0.005 + 1e-5  # a step computing one token
@@ -178,11 +178,7 @@ def test_small_pools_queue_and_everything_finishes(
     config = RunConfig(trace=str(path), step_time=STEP, pd=shape, pd_threshold=threshold,
                        router=router, num_blocks=prefill_blocks, max_num_seqs=4)  # fmt: skip
     _, trace = load_workload(config)
-    cost_model = build_cost_model(config)
-    replicas, fleet = build_pd_fleet(
-        config, trace, prefill_blocks, None, lambda: build_executor(config, cost_model),
-        scheduling_limits(config, resolve_gpu(config.gpu)), BYTES_PER_TOKEN,
-    )  # fmt: skip
+    replicas, fleet = build_pd_fleet(config, trace, resolve_pools(config, []), None)
     result = fleet.run()
     assert sum(r.sim.num_done for r in replicas) == len(trace_rows) + sum(
         1 for route in result.routes if route.disaggregated and route.decode_seq >= 0
@@ -266,11 +262,7 @@ def test_a_full_decode_pool_queues_the_pull(tmp_path: Path) -> None:
     config = RunConfig(trace=str(write_trace(tmp_path / "t.jsonl", rows)), step_time=STEP,
                        pd="2:1", num_blocks=40)  # fmt: skip
     _, trace = load_workload(config)
-    cost_model = build_cost_model(config)
-    replicas, fleet = build_pd_fleet(
-        config, trace, 40, None, lambda: build_executor(config, cost_model),
-        scheduling_limits(config, resolve_gpu(config.gpu)), BYTES_PER_TOKEN,
-    )  # fmt: skip
+    replicas, fleet = build_pd_fleet(config, trace, resolve_pools(config, []), None)
     freed: dict[int, float] = {}  # prefill replica -> when its request's blocks were freed
     for p, replica in enumerate(replicas[:2]):
         bm = replica.sim.block_manager
