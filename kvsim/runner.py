@@ -236,11 +236,12 @@ def run(
         if on_start is not None:
             on_start(len(trace.requests))
         summary, requests, steps, routing = simulate_pd_fleet(
-            config, trace, pools, max_model_len, progress
+            config, trace, pools, max_model_len, progress, events_path
         )
         return RunResult(
-            config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}
-        )
+            config, resolved, summary, requests, steps, None, events_path,
+            extra_tables={"routing": routing},
+        )  # fmt: skip
     if config.replicas > 1:
         from kvsim.fleet.run import simulate_fleet  # a one-replica run need not import it
 
@@ -248,11 +249,12 @@ def run(
             on_start(len(trace.requests))
         summary, requests, steps, routing = simulate_fleet(
             config, trace, num_blocks, max_model_len,
-            lambda: build_executor(config, cost_model), limits, progress,
+            lambda: build_executor(config, cost_model), limits, progress, events_path,
         )  # fmt: skip
         return RunResult(
-            config, resolved, summary, requests, steps, None, extra_tables={"routing": routing}
-        )
+            config, resolved, summary, requests, steps, None, events_path,
+            extra_tables={"routing": routing},
+        )  # fmt: skip
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
         events_path=events_path, keep_events=keep_events, on_start=on_start, limits=limits,

@@ -34,6 +34,10 @@ class EventKind(enum.IntEnum):
     # v1: the sequence sampled its first token (the step that completed its prompt); a
     # chunked prompt's first token comes with its last chunk, not at its admission.
     FIRST_TOKEN = 19
+    # Fleets (kvsim/fleet): a router sent the request to this replica, at its arrival, before
+    # the replica's ARRIVE; num_tokens = the prompt tokens the router saw cached there. The
+    # engine never records it: the fleet writes it (events.parquet's replica column says where).
+    ROUTE = 20
 
 
 class StepKind(enum.IntEnum):

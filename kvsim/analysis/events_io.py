@@ -124,10 +124,10 @@ def exploded_table(
     """events.parquet's rows as an Arrow table, built straight from the numpy columns (no
     DataFrame in between: the writer thread then holds the GIL for a fraction of the time).
     Read back with pandas it equals ``exploded_frame``."""
-    return _arrow_table(_exploded_columns(cols, block_ids, block_hashes))
+    return arrow_table(_exploded_columns(cols, block_ids, block_hashes))
 
 
-def _arrow_table(columns: dict[str, np.ndarray]) -> pa.Table:
+def arrow_table(columns: dict[str, np.ndarray]) -> pa.Table:
     """Exploded columns as an Arrow table that shares their memory (kind a dictionary)."""
     return pa.table(
         {
@@ -227,7 +227,7 @@ class EventsParquetWriter:
             raise ValueError("block keys must come with every chunk, or with none")
         columns = _exploded_columns(cols, block_ids, hashes)
         if self._writer is None:
-            schema = _arrow_table(columns).schema
+            schema = arrow_table(columns).schema
             self._writer = pq.ParquetWriter(self.path, schema, **parquet_options(schema.names))
             self._group = {n: np.empty(ROW_GROUP_ROWS, c.dtype) for n, c in columns.items()}
         # The rows are copied into the one row-group buffer, written whenever it is full
@@ -253,7 +253,7 @@ class EventsParquetWriter:
         """Write the rows held as one row group (the writer is done with the buffer when
         write_table returns: it encodes the rows into pages it owns)."""
         if self._num_held and self._writer is not None and self._group is not None:
-            table = _arrow_table({n: c[: self._num_held] for n, c in self._group.items()})
+            table = arrow_table({n: c[: self._num_held] for n, c in self._group.items()})
             self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
         self._num_held = 0
 

@@ -1,10 +1,11 @@
 """``kvsim plot`` and ``kvsim report`` over a fleet's run folder (docs/fleet.md).
 
-A fleet's tables hold every replica's steps and requests (a ``replica`` column) and it keeps no
-events.parquet, so the one-replica pictures would mix the replicas' pools and the ones that need
-events have nothing to draw from. These commands draw the fleet's own pictures instead, as
-``kvsim run`` does, and say so in one line; asking for a one-replica picture, or for a time
-window (the fleet's pictures span the whole run), is one red line and exit code 2.
+A fleet's tables hold every replica's steps and requests (a ``replica`` column) and its
+events.parquet only the routing decisions (ROUTE events), so the one-replica pictures would
+mix the replicas' pools and the ones that need a replica's events have nothing to draw from.
+These commands draw the fleet's own pictures instead, as ``kvsim run`` does, and say so in one
+line; asking for a one-replica picture, or for a time window (the fleet's pictures span the
+whole run), is one red line and exit code 2.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def fleet_names(
         if name not in available:
             fail(
                 f"{run.path}: a fleet run ({_replicas(run)} replicas) has no {name} picture: its "
-                "tables mix the replicas and it keeps no events.parquet; its pictures: "
-                + ", ".join(available)
+                "tables mix the replicas and its events.parquet holds only the routing "
+                "decisions; its pictures: " + ", ".join(available)
             )
     return list(names or available)
 
@@ -90,13 +91,15 @@ def skipped_line(run: Any, one_replica_names: tuple[str, ...]) -> str:
     """What ``kvsim plot`` of a fleet did not draw, and why."""
     return (
         f"skipped the one-replica pictures ({', '.join(one_replica_names)}): a fleet's "
-        f"tables mix its {_replicas(run)} replicas and it keeps no events.parquet (docs/fleet.md)"
+        f"tables mix its {_replicas(run)} replicas and its events.parquet holds only the "
+        "routing decisions (docs/fleet.md)"
     )
 
 
 def no_events_line(run: Any, what: str) -> str:
     """Why ``what`` (kvsim animate, export-trace) cannot read a fleet's run folder."""
     return (
-        f"{run.path}: {what} needs events.parquet, and a fleet run ({_replicas(run)} replicas) "
-        "keeps none (docs/fleet.md); a one-replica run (--replicas 1) keeps its events"
+        f"{run.path}: {what} needs a replica's events, and a fleet run's events.parquet "
+        f"({_replicas(run)} replicas) holds only its routing decisions (ROUTE; docs/fleet.md); "
+        "a one-replica run (--replicas 1) keeps its events"
     )

@@ -123,7 +123,7 @@ def _read(
 
 
 def _needs_events(run: Any, what: str) -> None:
-    if run.events is None and is_fleet(run):
+    if is_fleet(run):  # its events.parquet holds the routing decisions only
         fail(no_events_line(run, what))
     if run.events is None:
         fail(

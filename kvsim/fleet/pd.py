@@ -97,6 +97,9 @@ class PDRoute:
     decode_prefix_blocks: int  # ... on the decode replica (the decider's input)
     index: int  # arrival order
     transfer: PDTransfer | None = None
+    # each chosen replica at the routing: its last step begun and free blocks (ROUTE events)
+    decode_state: tuple[int, int] = (0, 0)
+    prefill_state: tuple[int, int] = (0, 0)
 
     @property
     def disaggregated(self) -> bool:
@@ -217,6 +220,7 @@ class PDFleetSimulation:
         uncached = max(0, request.prompt_tokens - held_d * bs)
         blocks = -(-request.prompt_tokens // bs)
         decode = self.decode[d]
+        decode_state = decode.routing_state()
         if num_prefill and uncached >= self.threshold:  # llm-d's decider: disaggregate
             pool_p = range(num_prefill)
             prefill_keys = keys if self.prefill_router.uses_prefix else []
@@ -231,8 +235,9 @@ class PDFleetSimulation:
                 p, seq_id, max(0, request.prompt_tokens - held_p * bs), blocks - held_p
             )
             route = PDRoute(
-                request, p, seq_id, num_prefill + d, -1, held_p, held_d, len(self.routes)
-            )
+                request, p, seq_id, num_prefill + d, -1, held_p, held_d, len(self.routes),
+                decode_state=decode_state, prefill_state=sim.routing_state(),
+            )  # fmt: skip
             # the decode replica's blocks for it count from now (it computes no prompt there)
             self._books[1].add(d, route.pending_key, 0, blocks - held_d)
             self._by_prefill[(p, seq_id)] = route
@@ -243,8 +248,9 @@ class PDFleetSimulation:
             seq_id = len(decode.submitted)
             self._books[1].add(d, seq_id, uncached, blocks - held_d)
             route = PDRoute(
-                request, -1, -1, num_prefill + d, seq_id, held_d, held_d, len(self.routes)
-            )
+                request, -1, -1, num_prefill + d, seq_id, held_d, held_d, len(self.routes),
+                decode_state=decode_state,
+            )  # fmt: skip
             self._by_decode[(d, seq_id)] = route
             self.routes.append(route)
             decode.submit(dataclasses.replace(request, cancel_after_s=None))

@@ -15,6 +15,7 @@ and its pull (``pd_transfer_tokens``, ``pd_transfer_bytes``, ``pd_transfer_start
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from kvsim.fleet.pd import PDFleetResult, PDFleetSimulation, PDRoute
 from kvsim.fleet.pd_pools import PDPool, pull_bytes_per_token
 from kvsim.fleet.pd_replica import PDReplicaSimulation
 from kvsim.fleet.pd_summary import pd_section
+from kvsim.fleet.route_events import route_columns, write_route_events
 from kvsim.fleet.routers import make_router
 from kvsim.fleet.run import MIN_RESERVOIR, _concatenated, _with_replica, prompt_keys
 from kvsim.fleet.summary import fleet_summary
@@ -161,9 +163,11 @@ def simulate_pd_fleet(
     pools: tuple[PDPool, PDPool],
     max_model_len: int | None,
     progress: Progress | None = None,
+    events_path: Path | None = None,
 ) -> tuple[dict[str, Any], Table, Table, Table]:
     """Run ``trace`` through ``config.pd``'s fleet (``build_pd_fleet``): summary.json,
-    requests, steps and routing tables (``progress`` as PDFleetSimulation.run)."""
+    requests, steps and routing tables (``progress`` as PDFleetSimulation.run); the ROUTE
+    events to ``events_path`` when given (kvsim/fleet/route_events.py)."""
     num_prefill, num_decode = parse_pd(config.pd)
     n = num_prefill + num_decode
     bs = config.block_size
@@ -197,7 +201,27 @@ def simulate_pd_fleet(
         requests, config, num_prefill, num_decode, bytes_per_token, pools
     )
     routing = pd_routing(requests, result.routes, bs)
+    if events_path is not None:
+        write_route_events(events_path, pd_route_columns(result.routes, bs))
     return summary, requests, _concatenated(step_tables), routing
+
+
+def pd_route_columns(routes: list[PDRoute], block_size: int) -> dict[str, np.ndarray]:
+    """ROUTE events of a P/D fleet, in the order of the decisions: per request its decode
+    replica (seq_id -1 if it never got there), then its prefill replica if disaggregated;
+    num_tokens: the prompt tokens the router saw cached on each."""
+    rows: list[tuple[float, int, int, int, int, int]] = []
+    for r in routes:
+        t = r.request.arrival_time_s
+        step, free = r.decode_state
+        rows.append((t, step, r.decode_replica, r.decode_seq, free,
+                     r.decode_prefix_blocks * block_size))  # fmt: skip
+        if r.disaggregated:
+            step, free = r.prefill_state
+            rows.append((t, step, r.prefill_replica, r.prefill_seq, free,
+                         r.router_prefix_blocks * block_size))  # fmt: skip
+    cols = list(zip(*rows)) if rows else [()] * 6
+    return route_columns(*(np.array(c) for c in cols))
 
 
 def pd_requests(tables: list[Table], result: PDFleetResult) -> Table:

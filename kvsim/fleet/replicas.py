@@ -41,6 +41,11 @@ class ReplicaSimulation(Simulation):
         usage = 1.0 - bm.get_num_free_blocks() / bm.num_blocks
         return self.scheduler.num_waiting, self.scheduler.num_running, usage
 
+    def routing_state(self) -> tuple[int, int]:
+        """(the last step begun, free blocks) now: what a ROUTE event to it records, as its
+        ARRIVE would (events.parquet's step and free_blocks)."""
+        return self.recorder.step, self.block_manager.get_num_free_blocks()
+
     def attach_index(self, index: KvEventIndex) -> None:
         """Send every KV event to ``index`` from now on."""
         recorder = self.recorder
@@ -67,6 +72,10 @@ class CompiledReplicaSimulation(CompiledV1Simulation):
         core = self.core
         usage = 1.0 - core.get_num_free_blocks() / core.num_blocks
         return core.num_waiting, core.num_running, usage
+
+    def routing_state(self) -> tuple[int, int]:
+        """(the last step begun, free blocks) now, the core's (ReplicaSimulation's)."""
+        return self.core.num_steps, self.core.get_num_free_blocks()
 
     def has_first_token(self, seq_id: int) -> bool:
         """Whether request ``seq_id`` has sampled a token (or is gone) by the core's steps

@@ -5,13 +5,15 @@ step-time model; the Python v1 scheduler, its placeholder-token variant unless
 ``fast_decode`` is off), records its events with a ``KvEventTap`` and
 is measured by the same code (``kvsim.runner.measure``). The run folder holds the fleet's
 requests and steps (a ``replica`` column added), ``routing.parquet`` (one row per request:
-where it went and what the router saw) and summary.json (``kvsim.fleet.summary``). A fleet
-run keeps no events.parquet (docs/fleet.md).
+where it went and what the router saw), summary.json (``kvsim.fleet.summary``) and an
+events.parquet of the routing decisions (ROUTE events: kvsim/fleet/route_events.py), not of
+the replicas' own events (docs/fleet.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,7 @@ from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits
 from kvsim.fleet.kv_index import KvEventTap
 from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
+from kvsim.fleet.route_events import route_columns, write_route_events
 from kvsim.fleet.routers import make_router
 from kvsim.fleet.simulation import FleetSimulation
 from kvsim.fleet.summary import fleet_summary
@@ -136,9 +139,11 @@ def simulate_fleet(
     make_executor: Callable[[], Executor],
     limits: SchedulingLimits,
     progress: Progress | None = None,
+    events_path: Path | None = None,
 ) -> tuple[dict[str, Any], Table, Table, Table]:
     """Run ``trace`` through ``config.replicas`` replicas of ``num_blocks`` blocks each:
-    summary.json, requests, steps and routing tables (``progress`` as FleetSimulation.run)."""
+    summary.json, requests, steps and routing tables (``progress`` as FleetSimulation.run);
+    the ROUTE events to ``events_path`` (kvsim/fleet/route_events.py) when given."""
     prefix_of = prefix_source_of(trace, config.block_size) if config.caches_prefixes() else None
     key_source = key_source_of(trace, caching=config.caches_prefixes())
     router = make_router(
@@ -204,6 +209,16 @@ def simulate_fleet(
         },
         text=frozenset({"request_id"}),
     )
+    if events_path is not None:
+        assert result.route_step is not None and result.route_free_blocks is not None
+        write_route_events(
+            events_path,
+            route_columns(
+                result.route_time_s, result.route_step, result.route_replica,
+                result.route_seq_id, result.route_free_blocks,
+                result.route_prefix_blocks * config.block_size,
+            ),
+        )  # fmt: skip
     return summary, requests, _concatenated(step_tables), routing
 
 

@@ -52,6 +52,9 @@ class FleetSimResult:
     route_prefix_blocks: np.ndarray
     route_prompt_blocks: np.ndarray
     wall_time_s: float
+    # the chosen replica at the routing: its last step begun and its free blocks (ROUTE events)
+    route_step: np.ndarray | None = None
+    route_free_blocks: np.ndarray | None = None
 
 
 class FleetSimulation:
@@ -98,6 +101,8 @@ class FleetSimulation:
         self._route_seq = array("q")
         self._route_prefix = array("q")
         self._route_blocks = array("q")
+        self._route_step = array("q")
+        self._route_free = array("q")
         self.now = 0.0  # the fleet's clock: the last arrival routed
         if len({id(sim.env) for sim in self.replicas}) != n:
             raise ValueError("every replica needs its own simpy environment")
@@ -200,6 +205,9 @@ class FleetSimulation:
         self._route_seq.append(seq_id)
         self._route_prefix.append(held)
         self._route_blocks.append(num_blocks)
+        step, free = sim.routing_state()
+        self._route_step.append(step)
+        self._route_free.append(free)
         sim.submit(request)
         if request.cancel_after_s is not None:
             deadline = sim.env.timeout(request.cancel_after_s)
@@ -259,6 +267,8 @@ class FleetSimulation:
             route_prefix_blocks=column(self._route_prefix, np.int64),
             route_prompt_blocks=column(self._route_blocks, np.int64),
             wall_time_s=wall,
+            route_step=column(self._route_step, np.int64),
+            route_free_blocks=column(self._route_free, np.int64),
         )
 
 

@@ -139,6 +139,11 @@ def check_exportable(run: Any) -> None:
         )
     if run.events is None:
         raise KvEventsError(f"{run.path}: has no events.parquet (a sweep point without --events)")
+    if "replica" in run.events:
+        raise KvEventsError(
+            f"{run.path}: a fleet run's events.parquet holds its routing decisions (ROUTE), "
+            "not its replicas' KV events (docs/fleet.md); a one-replica run keeps them"
+        )
     if "block_hash" not in run.events:
         raise KvEventsError(
             f"{run.path}: events.parquet has no block_hash column (written before kvsim "

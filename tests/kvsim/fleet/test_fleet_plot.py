@@ -1,6 +1,7 @@
-"""The picture commands over a fleet's run folder, which keeps no events.parquet and whose
-tables mix its replicas: ``kvsim plot`` and ``kvsim report`` draw the fleet's own pictures
-and say what they skipped; what needs events, or a one-replica picture, is one line, exit 2."""
+"""The picture commands over a fleet's run folder, whose events.parquet holds only the
+routing decisions and whose tables mix its replicas: ``kvsim plot`` and ``kvsim report`` draw
+the fleet's own pictures and say what they skipped; what needs events, or a one-replica
+picture, is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fleet") / "run"
     result = kvsim("run", "--until", "10", "--replicas", "2", "--no-plots", "--out", out)
     assert result.exit_code == 0, result.output
-    assert not (out / "events.parquet").exists()
+    assert (out / "events.parquet").exists()  # the routing decisions (test_route_events.py)
     return out
 
 
@@ -71,9 +72,12 @@ def test_plot_of_a_fleet_draws_its_pictures_and_says_what_it_skipped(copy: Path)
         (["plot", "{run}", "--what", "latency"], ["mix the replicas", "fleet-load"]),
         (["plot", "{run}", "--from", "1"], ["span the whole run", "--from/--to"]),
         (["report", "{run}", "--to", "5"], ["span the whole run"]),
-        (["animate", "{run}", "-o", "{tmp}/a.gif"], ["kvsim animate needs events.parquet",
-                                                     "a fleet run (2 replicas) keeps none"]),
-        (["export-trace", "{run}", "-o", "{tmp}/t.json"], ["kvsim export-trace needs events"]),
+        (["animate", "{run}", "-o", "{tmp}/a.gif"], ["kvsim animate needs a replica's events",
+                                                     "holds only its routing decisions"]),
+        (["export-trace", "{run}", "-o", "{tmp}/t.json"], ["kvsim export-trace needs a "
+                                                           "replica's events"]),
+        (["export-kv-events", "{run}", "-o", "{tmp}/k.jsonl"], ["routing decisions (ROUTE)",
+                                                               "not its replicas' KV events"]),
     ],
 )  # fmt: skip
 def test_what_a_fleet_cannot_draw_is_one_line(
