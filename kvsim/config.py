@@ -54,6 +54,7 @@ Allocator = Literal["paged", "max", "pow2", "oracle"]  # kvsim.sim.allocators bu
 SchedulerName = Literal["v1", "classic"]
 Policy = Literal["fcfs", "priority"]
 OffloadPolicy = Literal["lru", "arc"]  # kvsim.costmodel.offload.OFFLOAD_POLICIES
+FleetEvents = Literal["routing", "all"]  # what a fleet's events.parquet holds (docs/fleet.md)
 MODES: tuple[str, ...] = typing.get_args(Mode)
 ALLOCATORS: tuple[str, ...] = typing.get_args(Allocator)
 
@@ -280,6 +281,15 @@ class RunConfig:
         help="Fleet: a prefix-aware router reads the replicas' caches directly instead of their "
         "KV events (what stale events cost, by comparison)",
         sweep="param",
+    )
+    fleet_events: FleetEvents = option(
+        "routing",
+        help="Fleet: events.parquet holds the routing decisions (ROUTE events; routing) or "
+        "also every replica's own events (all: as many rows as the replicas' one-replica "
+        "runs together, and their time to write)",
+        unit="WHAT",
+        sweep="no",
+        omit_default=True,
     )
     # prefill/decode disaggregation (kvsim/fleet/pd.py, docs/fleet.md)
     pd: str | None = option(
@@ -666,6 +676,12 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         "blocks, open loop (no --concurrency)"
         if c.replicas > 1
         and (c.mode != "cost" or c.resolved_scheduler() != "v1" or c.concurrency is not None)
+        else None
+    ),
+    lambda c: (
+        "--fleet-events all writes the replicas' events of a --replicas fleet (a P/D fleet "
+        "writes its routing decisions only)"
+        if c.fleet_events == "all" and c.pd is not None
         else None
     ),
     lambda c: (

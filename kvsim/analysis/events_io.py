@@ -171,7 +171,9 @@ def parquet_options(column_names: list[str]) -> dict[str, object]:
             n for n in ("time_s", "step", "kind", "seq_id", "block_id") if n in column_names
         ],
         "write_batch_size": 1 << 16,
-        "use_dictionary": [n for n in ("kind", "seq_id", "num_tokens") if n in column_names],
+        "use_dictionary": [
+            n for n in ("kind", "seq_id", "num_tokens", "replica") if n in column_names
+        ],
         "column_encoding": {n: e for n, e in encoding.items() if n in column_names},
     }
 
@@ -181,26 +183,38 @@ class EventsParquetWriter:
     appends them to one Parquet file, in order, in row groups of exactly ``ROW_GROUP_ROWS``
     rows (the last one shorter): how the engine happened to batch its events (the Python or
     the compiled path, chunk sizes) never shows in the file, so equal runs write equal bytes.
+    (A fleet's chunks, ``replica_column``, come from several replicas in the order they were
+    handed over: each replica's rows in order, the replicas' interleaved by chunk.)
 
     The exploding and Parquet encoding run on a background thread (pyarrow encodes without
     the GIL), so on a machine with a spare core the simulation does not wait for them; at
     most ``max_pending`` chunks wait in between, which bounds memory. A failure on that
     thread is raised by the next ``write_chunk`` or by ``close``, never dropped."""
 
-    def __init__(self, path: Path, max_pending: int = 2, *, block_hashes: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_pending: int = 2,
+        *,
+        block_hashes: bool = False,
+        replica_column: bool = False,
+    ) -> None:
         """With ``block_hashes`` every chunk comes with its CACHE / EVICT blocks' keys, and
-        the file has a ``block_hash`` column (a v1 run with prefix caching)."""
+        the file has a ``block_hash`` column (a v1 run with prefix caching). With
+        ``replica_column`` every chunk comes with the replica that recorded it (a fleet's
+        ``--fleet-events all``), the file's last column."""
         self.path = Path(path)
         self.block_hashes = block_hashes
+        self.replica_column = replica_column
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
         # The next row group, filled chunk by chunk: ROW_GROUP_ROWS rows per column, made
         # once and reused (see _write), of which the first _num_held are rows not yet written.
         self._group: dict[str, np.ndarray] | None = None
         self._num_held = 0
-        self._pending: queue.Queue[tuple[Columns, np.ndarray, np.ndarray | None] | None] = (
-            queue.Queue(max_pending)
-        )
+        self._pending: queue.Queue[
+            tuple[Columns, np.ndarray, np.ndarray | None, int | None] | None
+        ] = queue.Queue(max_pending)
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._drain, name="kvsim-events-parquet", daemon=True
@@ -208,11 +222,15 @@ class EventsParquetWriter:
         self._thread.start()
 
     def write_chunk(
-        self, cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
+        self,
+        cols: Columns,
+        block_ids: np.ndarray,
+        block_hashes: np.ndarray | None = None,
+        replica: int | None = None,
     ) -> None:
         self._raise_if_failed()
         # the recorder never changes a chunk it handed out
-        self._pending.put((cols, block_ids, block_hashes))
+        self._pending.put((cols, block_ids, block_hashes, replica))
 
     def _drain(self) -> None:
         while (item := self._pending.get()) is not None:
@@ -222,10 +240,20 @@ class EventsParquetWriter:
                 except BaseException as error:  # re-raised on the caller's thread
                     self._error = error
 
-    def _write(self, cols: Columns, block_ids: np.ndarray, hashes: np.ndarray | None) -> None:
+    def _write(
+        self,
+        cols: Columns,
+        block_ids: np.ndarray,
+        hashes: np.ndarray | None,
+        replica: int | None = None,
+    ) -> None:
         if self.block_hashes != (hashes is not None):
             raise ValueError("block keys must come with every chunk, or with none")
+        if self.replica_column != (replica is not None):
+            raise ValueError("a replica must come with every chunk, or with none")
         columns = _exploded_columns(cols, block_ids, hashes)
+        if replica is not None:
+            columns["replica"] = np.full(len(columns["step"]), replica, dtype=np.int32)
         if self._writer is None:
             schema = arrow_table(columns).schema
             self._writer = pq.ParquetWriter(self.path, schema, **parquet_options(schema.names))
@@ -282,7 +310,10 @@ class EventsParquetWriter:
         if self._writer is None:
             empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
             none = np.empty(0, dtype=np.int64)
-            table = exploded_table(empty, none, none if self.block_hashes else None)
+            columns = _exploded_columns(empty, none, none if self.block_hashes else None)
+            if self.replica_column:
+                columns["replica"] = np.empty(0, dtype=np.int32)
+            table = arrow_table(columns)
             pq.write_table(table, self.path, **parquet_options(table.column_names))
             return
         self._writer.close()

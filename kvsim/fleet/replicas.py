@@ -16,6 +16,13 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.core.event_kinds import EventKind
+from engine.core.event_rows import (
+    EVENT_COLUMNS,
+    EVENT_DTYPES,
+    STEP_COLUMNS,
+    STEP_DTYPES,
+    empty_columns,
+)
 from kvsim.fleet.kv_index import REMOVED, RESET, STORED, KvEventIndex, KvEventTap
 from kvsim.sim.compiled_v1 import CompiledV1Simulation
 from kvsim.sim.simulation import Simulation
@@ -45,6 +52,11 @@ class ReplicaSimulation(Simulation):
         """(the last step begun, free blocks) now: what a ROUTE event to it records, as its
         ARRIVE would (events.parquet's step and free_blocks)."""
         return self.recorder.step, self.block_manager.get_num_free_blocks()
+
+    def record_route(self, seq_id: int, step: int, free_blocks: int, cached_tokens: int) -> None:
+        """A ROUTE event in this replica's stream, now (``--fleet-events all``); the recorder
+        stamps its own step, ``step`` (routing_state's) for the compiled twin."""
+        self.recorder.record(EventKind.ROUTE, seq_id, free_blocks, (), cached_tokens)
 
     def attach_index(self, index: KvEventIndex) -> None:
         """Send every KV event to ``index`` from now on."""
@@ -76,6 +88,14 @@ class CompiledReplicaSimulation(CompiledV1Simulation):
     def routing_state(self) -> tuple[int, int]:
         """(the last step begun, free blocks) now, the core's (ReplicaSimulation's)."""
         return self.core.num_steps, self.core.get_num_free_blocks()
+
+    def record_route(self, seq_id: int, step: int, free_blocks: int, cached_tokens: int) -> None:
+        """A ROUTE event after the core's events so far (ReplicaSimulation's)."""
+        self._take_events(1)
+        row = (self.env.now, step, int(EventKind.ROUTE), seq_id, free_blocks, cached_tokens, 0)
+        chunk = {n: np.array([v], dtype=d) for n, v, d in zip(EVENT_COLUMNS, row, EVENT_DTYPES)}
+        none = np.empty(0, dtype=np.int64)
+        self.recorder.add_chunk(chunk, none, empty_columns(STEP_COLUMNS, STEP_DTYPES), none)
 
     def has_first_token(self, seq_id: int) -> bool:
         """Whether request ``seq_id`` has sampled a token (or is gone) by the core's steps

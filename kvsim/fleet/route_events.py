@@ -9,9 +9,10 @@ request's seq_id there, and in ``num_tokens`` the prompt tokens the router saw c
 its arrival, its decode replica first (seq_id -1 when the request never got there), then
 its prefill replica.
 
-The replicas' own events (blocks allocated, cached, evicted) are not written: a fleet keeps
-each replica's events only as long as its metrics need them (8 replicas of the whole Mooncake
-conversation trace would write several hundred million block rows).
+The replicas' own events (blocks allocated, cached, evicted) are written only with
+``--fleet-events all`` (kvsim/fleet/run.py streams them, each ROUTE then recorded in the
+chosen replica's own stream before its ARRIVE); by default a fleet keeps each replica's
+events only as long as its metrics need them (docs/fleet.md has the cost of both).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ the replicas' own events (docs/fleet.md).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 from engine import make_scheduler
 from engine.v1.prefix_keys import UniquePrefix
 from kvsim.analysis.block_states import BlockStateTracker
-from kvsim.analysis.events_io import METRIC_KINDS
+from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
 from kvsim.analysis.measure import measure
 from kvsim.analysis.residency import RESERVOIR_SIZE
@@ -61,7 +62,9 @@ class _Replica:
         key_source: KeySource,
         *,
         compiled: bool = True,
+        write_events: Callable[[Any, np.ndarray], None] | None = None,
     ) -> None:
+        """``write_events``: every chunk of the replica's events goes there too."""
         caching = config.caches_prefixes()
         scheduler = make_scheduler(
             scheduler_config(config, limits, max_model_len),
@@ -97,12 +100,15 @@ class _Replica:
                 residency_sample=(1, 0) if states is None
                 else (states.residency.capacity, states.residency.seed),
                 on_usage=self.usage.restore_compiled,
-                final_length_of=self.usage.final_length_of, **common,
+                final_length_of=self.usage.final_length_of, on_events_chunk=write_events,
+                **common,
             )  # fmt: skip
             return
         consumers: list[Callable[[Any, np.ndarray], None]] = [self.usage.consume]
         if self.block_states is not None:
             consumers.append(self.block_states.consume)
+        if write_events is not None:
+            consumers.append(write_events)
 
         def on_chunk(cols: Any, block_ids: np.ndarray) -> None:
             for consume in consumers:
@@ -152,6 +158,9 @@ def simulate_fleet(
         config.seed,
         prefix_weights=parse_router_weights(config.router_weights),
     )
+    writer = None
+    if events_path is not None and config.fleet_events == "all":
+        writer = EventsParquetWriter(events_path, replica_column=True)
     replicas = [
         _Replica(
             config,
@@ -161,8 +170,9 @@ def simulate_fleet(
             make_executor(),
             prefix_of,
             key_source,
+            write_events=None if writer is None else functools.partial(_write_chunk, writer, i),
         )
-        for _ in range(config.replicas)
+        for i in range(config.replicas)
     ]
     fleet = FleetSimulation(
         trace.requests,
@@ -173,8 +183,13 @@ def simulate_fleet(
         event_delay_s=config.router_event_delay_s,
         oracle=config.router_oracle,
         until=config.until,
+        route_events=writer is not None,
     )
-    result = fleet.run(progress)
+    try:
+        result = fleet.run(progress)  # each replica's collect() flushes its recorder
+    finally:
+        if writer is not None:
+            writer.close()
     summaries, request_tables, step_tables = [], [], []
     for i, (replica, sim_result) in enumerate(zip(replicas, result.replicas)):
         requests, steps, summary = measure(
@@ -209,7 +224,7 @@ def simulate_fleet(
         },
         text=frozenset({"request_id"}),
     )
-    if events_path is not None:
+    if events_path is not None and writer is None:
         assert result.route_step is not None and result.route_free_blocks is not None
         write_route_events(
             events_path,
@@ -220,6 +235,10 @@ def simulate_fleet(
             ),
         )  # fmt: skip
     return summary, requests, _concatenated(step_tables), routing
+
+
+def _write_chunk(writer: EventsParquetWriter, replica: int, cols: Any, ids: np.ndarray) -> None:
+    writer.write_chunk(cols, ids, None, replica)
 
 
 def _with_replica(table: Table, replica: int) -> Table:

@@ -72,9 +72,11 @@ class FleetSimulation:
         stats_interval_s: float = 0.1,
         oracle: bool = False,
         until: float | None = None,
+        route_events: bool = False,
     ) -> None:
         """``prompt_keys_of`` gives a request's full prompt blocks' keys as the replicas key
-        them (``[]`` for a prompt nobody shares)."""
+        them (``[]`` for a prompt nobody shares). With ``route_events`` each decision is also
+        a ROUTE event in the chosen replica's own stream (``--fleet-events all``)."""
         if stats_interval_s <= 0:
             raise ValueError(f"stats_interval_s must be > 0 seconds, got {stats_interval_s}")
         self.requests = requests
@@ -83,6 +85,7 @@ class FleetSimulation:
         self.block_size = block_size
         self.stats_interval_s = stats_interval_s
         self.until = until
+        self.route_events = route_events
         # the oracle reads each cache as it is: the index with no delay (a property test holds
         # it equal to the caches at every routing)
         self.index = KvEventIndex(len(self.replicas), 0.0 if oracle else event_delay_s)
@@ -208,6 +211,8 @@ class FleetSimulation:
         step, free = sim.routing_state()
         self._route_step.append(step)
         self._route_free.append(free)
+        if self.route_events:
+            sim.record_route(seq_id, step, free, held * bs)
         sim.submit(request)
         if request.cancel_after_s is not None:
             deadline = sim.env.timeout(request.cancel_after_s)

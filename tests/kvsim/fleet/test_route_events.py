@@ -95,3 +95,47 @@ def test_a_pd_fleet_routes_each_leg(tmp_path: Path) -> None:
     assert list(events["replica"]) == [decode[0], 0, decode[1], decode[2], 0, decode[3]]
     assert list(events["seq_id"][[1, 4]]) == [0, 1]  # the prefill replica's legs
     assert list(events["seq_id"][[0, 2, 3, 5]]) == list(requests["seq_id"][[0, 1, 2, 3]])
+
+
+@pytest.mark.parametrize("fast", [True, False])  # the compiled replicas, the Python ones
+def test_fleet_events_all_adds_each_replicas_stream(tmp_path: Path, fast: bool) -> None:
+    """--fleet-events all: every replica's own events with their replica, each replica's rows
+    in emission order with a request's ROUTE before its ARRIVE (same time, step and
+    free blocks); the ROUTE rows are the routing-only file's, and the metrics do not change."""
+    base = RunConfig(trace="mooncake_fast25_conversation_first_1000", model="llama-3.1-8b",
+                     gpu="h100-sxm", replicas=3, router="prefix", until=30.0,
+                     fast_decode=fast)  # fmt: skip
+    routing = run(base, events_path=tmp_path / "routing.parquet")
+    everything = run(base.replace(fleet_events="all"), events_path=tmp_path / "all.parquet")
+    only = pd.read_parquet(tmp_path / "routing.parquet")
+    events = pd.read_parquet(tmp_path / "all.parquet")
+    assert set(events["kind"].unique()) >= {"ROUTE", "ARRIVE", "ALLOCATE", "CACHE", "STEP"}
+    # the replicas' chunks interleave: the same decisions, not in the same order
+    key = ["time_s", "replica", "seq_id"]
+    routes = events[events["kind"] == "ROUTE"].sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(routes, only.sort_values(key).reset_index(drop=True))
+    for replica in range(3):
+        rows = events[events["replica"] == replica].reset_index(drop=True)
+        assert (np.diff(rows["time_s"]) >= 0).all()
+        route = rows.index[rows["kind"] == "ROUTE"].to_numpy()
+        arrive = rows.index[rows["kind"] == "ARRIVE"].to_numpy()
+        assert len(route) == len(arrive) == (only["replica"] == replica).sum() > 0
+        assert (route < arrive).all()
+        for name in ("seq_id", "time_s", "step", "free_blocks"):
+            np.testing.assert_array_equal(
+                rows[name].to_numpy()[route], rows[name].to_numpy()[arrive]
+            )
+    steps = everything.summary["num_steps"]
+    assert (events["kind"] == "STEP").sum() == steps
+    wall = {"wall_time_s", "sim_requests_per_wall_s", "sim_steps_per_wall_s", "replicas"}
+    assert {k: v for k, v in everything.summary.items() if k not in wall} == {
+        k: v for k, v in routing.summary.items() if k not in wall
+    }
+
+
+def test_fleet_events_all_is_refused_for_a_pd_fleet() -> None:
+    from kvsim.option_spec import ConfigError
+
+    with pytest.raises(ConfigError, match="--fleet-events all"):
+        RunConfig(trace="x", pd="1:1", fleet_events="all")
+    assert "fleet_events" not in RunConfig(trace="x", replicas=2).to_dict()
