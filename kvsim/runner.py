@@ -194,11 +194,16 @@ def run(
         )
     trace_path, trace = load_workload(config)
     cost_model = build_cost_model(config)
-    limits = scheduling_limits(config, cost_model.gpu)
+    # max_model_len first: vLLM fits the default batch limits to it; its warning keeps its place
+    max_model_len_warnings: list[str] = []
+    max_model_len = resolve_max_model_len(
+        config, cost_model.model.max_model_len, max_model_len_warnings
+    )
+    limits = scheduling_limits(config, cost_model.gpu, max_model_len)
     warnings: list[str] = []
     num_blocks, plan = resolve_num_blocks(config, cost_model, limits, warnings)
     executor = build_executor(config, cost_model)
-    max_model_len = resolve_max_model_len(config, cost_model.model.max_model_len, warnings)
+    warnings += max_model_len_warnings
     offload = build_offload(config, cost_model)
     resolved = {
         "trace_path": str(trace_path),
@@ -272,7 +277,7 @@ def _run_engine_mode(
 ) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     trace_path, trace = load_workload(config)
-    limits = scheduling_limits(config, resolve_gpu(config.gpu))
+    limits = scheduling_limits(config, resolve_gpu(config.gpu), config.max_model_len)
     llm = build_llm(config, limits)
     warnings: list[str] = []
     resolve_max_model_len(config, llm.model_config.max_position_embeddings, warnings)
@@ -337,7 +342,7 @@ def simulate(
     compiled = False
     if scheduler is None:
         if limits is None:
-            limits = scheduling_limits(config, resolve_gpu(config.gpu))
+            limits = scheduling_limits(config, resolve_gpu(config.gpu), max_model_len)
         scheduler = make_scheduler(
             scheduler_config(config, limits, max_model_len),
             build_allocator(
