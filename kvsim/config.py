@@ -143,7 +143,7 @@ class RunConfig:
         help="Most sequences in one batch",
         unit="SEQS",
         default_text="v1: vLLM 0.33's serving default for the GPU (1024 on H100/H200-class, "
-        "256 on A100 and smaller); classic: 256",
+        "256 on A100 and smaller), at most the token budget; classic: 256",
         check=at_least(1, maximum=MAX_TOKENS),
     )
     max_num_batched_tokens: int | None = option(
@@ -151,7 +151,8 @@ class RunConfig:
         help="Token budget of one step (classic: of one prefill step)",
         unit="TOKENS",
         default_text="v1: vLLM 0.33's serving default for the GPU (8192 on H100/H200-class, "
-        "2048 on A100 and smaller); classic: 8192",
+        "2048 on A100 and smaller), at least max_model_len without chunked prefill; "
+        "classic: 8192",
         check=at_least(1, maximum=MAX_TOKENS),
     )
     max_model_len: int | None = option(
@@ -667,6 +668,23 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         else None
     ),
     lambda c: (
+        # vLLM's SchedulerConfig.verify_max_model_len; the defaulted cases are checked once
+        # the GPU's defaults are known (scheduling_limits)
+        f"--max-num-batched-tokens {c.max_num_batched_tokens:,} is below --max-num-seqs "
+        f"{c.max_num_seqs:,}: a step could never schedule every running sequence (vLLM 0.33 "
+        "refuses it too); raise --max-num-batched-tokens or lower --max-num-seqs"
+        if c.max_num_batched_tokens is not None
+        and c.max_num_seqs is not None
+        and c.max_num_batched_tokens < c.max_num_seqs
+        else None
+    ),
+    lambda c: (
+        f"--long-prefill-token-threshold {c.long_prefill_token_threshold:,} is above "
+        f"--max-model-len {c.max_model_len:,} (vLLM 0.33 refuses it too): lower it"
+        if c.max_model_len is not None and c.long_prefill_token_threshold > c.max_model_len
+        else None
+    ),
+    lambda c: (
         "--step-time prices cost-mode steps; engine mode measures them"
         if c.step_time is not None and c.mode != "cost"
         else None
@@ -767,16 +785,49 @@ class SchedulingLimits:
 CLASSIC_LIMITS = SchedulingLimits(max_num_seqs=256, max_num_batched_tokens=8192, watermark=0.01)
 
 
-def scheduling_limits(config: RunConfig, gpu: GPUSpec) -> SchedulingLimits:
+def scheduling_limits(
+    config: RunConfig, gpu: GPUSpec, max_model_len: int | None = None
+) -> SchedulingLimits:
     """``config``'s limits, with vLLM 0.33's serving defaults for ``gpu`` under v1 (watermark
-    0) and the 2023 defaults (256 sequences, 8,192 tokens, watermark 0.01) under classic."""
-    if config.resolved_scheduler() == "v1":
-        tokens, seqs = serving_batch_defaults(gpu)
-        defaults = SchedulingLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, watermark=0.0)
-    else:
-        defaults = CLASSIC_LIMITS
+    0) and the 2023 defaults (256 sequences, 8,192 tokens, watermark 0.01) under classic.
+
+    With the run's resolved ``max_model_len`` (tokens) the v1 defaults are fitted as vLLM 0.33
+    fits them (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): a defaulted
+    token budget is raised to ``max_model_len`` without chunked prefill (else no long prompt
+    could run) and capped at ``max_num_seqs * max_model_len``; a defaulted ``max_num_seqs`` is
+    capped at the token budget. Then vLLM's own checks (``SchedulerConfig.verify_max_model_len``)
+    raise ConfigError: a budget below ``max_num_seqs``, a long-prefill threshold above
+    ``max_model_len``."""
+    if config.resolved_scheduler() != "v1":
+        return SchedulingLimits(
+            max_num_seqs=config.max_num_seqs or CLASSIC_LIMITS.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens
+            or CLASSIC_LIMITS.max_num_batched_tokens,
+            watermark=CLASSIC_LIMITS.watermark if config.watermark is None else config.watermark,
+        )
+    tokens, seqs = serving_batch_defaults(gpu)
+    seqs = config.max_num_seqs or seqs
+    tokens = config.max_num_batched_tokens or tokens
+    if max_model_len is not None and config.max_num_batched_tokens is None:
+        if not config.enable_chunked_prefill:
+            tokens = max(tokens, max_model_len)
+        tokens = min(tokens, seqs * max_model_len)
+    if config.max_num_seqs is None:
+        seqs = min(seqs, tokens)
+    if tokens < seqs:
+        given = "" if config.max_num_batched_tokens else " (the default for this GPU)"
+        raise ConfigError(
+            f"--max-num-batched-tokens {tokens:,}{given} is below --max-num-seqs {seqs:,}: "
+            "a step could never schedule every running sequence (vLLM 0.33 refuses it too); "
+            "raise --max-num-batched-tokens or lower --max-num-seqs"
+        )
+    if max_model_len is not None and config.long_prefill_token_threshold > max_model_len:
+        raise ConfigError(
+            f"--long-prefill-token-threshold {config.long_prefill_token_threshold:,} is above "
+            f"max_model_len {max_model_len:,} (vLLM 0.33 refuses it too): lower it"
+        )
     return SchedulingLimits(
-        max_num_seqs=config.max_num_seqs or defaults.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens or defaults.max_num_batched_tokens,
-        watermark=defaults.watermark if config.watermark is None else config.watermark,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        watermark=0.0 if config.watermark is None else config.watermark,
     )

@@ -48,6 +48,8 @@ from workloads import Request, Trace, load_trace, rescale_to_rate, resolve_trace
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvsim.fleet.pd_pools import PDPool
+
 
 @dataclass(slots=True)
 class RunResult:
@@ -193,22 +195,25 @@ def run(
             config, progress, events_path, keep_events=keep_events, on_start=on_start
         )
     trace_path, trace = load_workload(config)
+    # max_model_len first: vLLM fits the default batch limits to it; its warning keeps its place
+    max_model_len_warnings: list[str] = []
+    max_model_len = resolve_max_model_len(
+        config, resolve_model(config.model).max_model_len, max_model_len_warnings
+    )
     warnings: list[str] = []
     pools = None
     if config.pd is not None:
-        from kvsim.fleet.pd_pools import resolve_pools
-
         # the decode pool's figures stand for the run's (they are --gpu's and --tp's unless
         # --pd-decode-gpu / --pd-decode-tp are given); each pool's in resolved.pd_pools
-        pools = resolve_pools(config, warnings)
+        pools = resolve_pd_pools(config, max_model_len, warnings)
         cost_model, limits = pools[1].cost_model, pools[1].limits
         num_blocks, plan = pools[1].num_blocks, pools[1].memory_plan
     else:
         cost_model = build_cost_model(config)
-        limits = scheduling_limits(config, cost_model.gpu)
+        limits = scheduling_limits(config, cost_model.gpu, max_model_len)
         num_blocks, plan = resolve_num_blocks(config, cost_model, limits, warnings)
     executor = build_executor(config, cost_model)
-    max_model_len = resolve_max_model_len(config, cost_model.model.max_model_len, warnings)
+    warnings += max_model_len_warnings
     offload = build_offload(config, cost_model)
     resolved = {
         "trace_path": str(trace_path),
@@ -266,6 +271,27 @@ def _offload_option(offload: OffloadSetup | None) -> dict[str, Any]:
     return {} if offload is None else {"offload": offload.engine_config}
 
 
+def plan_pd_pool(
+    pool: RunConfig, max_model_len: int | None, warnings: list[str]
+) -> tuple[CostModel, SchedulingLimits, int, dict[str, Any], Callable[[], Executor]]:
+    """A P/D pool planned as a one-replica run of ``pool`` (the run's config with the pool's
+    --gpu and --tp): cost model, batch limits, KV blocks, memory plan, executor factory."""
+    cost_model = build_cost_model(pool)
+    limits = scheduling_limits(pool, cost_model.gpu, max_model_len)
+    num_blocks, plan = resolve_num_blocks(pool, cost_model, limits, warnings)
+    return cost_model, limits, num_blocks, plan, lambda: build_executor(pool, cost_model)
+
+
+def resolve_pd_pools(
+    config: RunConfig, max_model_len: int | None, warnings: list[str]
+) -> tuple[PDPool, PDPool]:
+    """``config.pd``'s prefill and decode pools, each on its own GPU and TP
+    (kvsim.fleet.pd_pools)."""
+    from kvsim.fleet.pd_pools import resolve_pools
+
+    return resolve_pools(config, max_model_len, warnings, plan_pd_pool)
+
+
 def build_executor(config: RunConfig, cost_model: CostModel) -> Executor:
     """The cost-mode executor: the cost model, or ``--step-time``'s linear clock."""
     if config.step_time is not None:
@@ -285,7 +311,7 @@ def _run_engine_mode(
 ) -> RunResult:
     """Replay ``config``'s trace through the torch engine, timing every step."""
     trace_path, trace = load_workload(config)
-    limits = scheduling_limits(config, resolve_gpu(config.gpu))
+    limits = scheduling_limits(config, resolve_gpu(config.gpu), config.max_model_len)
     llm = build_llm(config, limits)
     warnings: list[str] = []
     resolve_max_model_len(config, llm.model_config.max_position_embeddings, warnings)
@@ -350,7 +376,7 @@ def simulate(
     compiled = False
     if scheduler is None:
         if limits is None:
-            limits = scheduling_limits(config, resolve_gpu(config.gpu))
+            limits = scheduling_limits(config, resolve_gpu(config.gpu), max_model_len)
         scheduler = make_scheduler(
             scheduler_config(config, limits, max_model_len),
             build_allocator(

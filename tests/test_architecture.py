@@ -44,6 +44,7 @@ ENGINE_LAYERS = (
     ("engine.factory",),
     ("engine.fast",),
     ("engine.v1.scheduler", "engine.v1.offloading_scheduler"),
+    ("engine.pd",),  # P/D disaggregation: a pull connector whose link is the offload tier's
     ("engine.offload",),  # KV offload tiers: the v1 scheduler's connector, over the core
     ("engine.core.scheduler", "engine.contiguous"),
     ("engine.core.block_manager",),

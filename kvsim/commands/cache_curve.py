@@ -62,7 +62,7 @@ def pool_capacity(trace: str, model: str, gpu: str, tp: int, block_size: int) ->
 
     config = RunConfig(trace=trace, model=model, gpu=gpu, tp=tp, block_size=block_size)
     model_spec, gpu_spec = resolve_model(config.model), resolve_gpu(config.gpu)
-    limits = scheduling_limits(config, gpu_spec)
+    limits = scheduling_limits(config, gpu_spec, model_spec.max_model_len)
     plan = plan_num_blocks(
         model_spec,
         gpu_spec,

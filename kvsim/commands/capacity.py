@@ -65,6 +65,7 @@ def print_capacity(result: Any) -> None:
 
     from kvsim.sweep.capacity import summary_lines
     from kvsim.sweep.compare import value_text
+    from kvsim.sweep.fleet_advice import fleet_advice
     from kvsim.sweep.slo import seconds_text, slo_text
 
     spec, frame = result.spec, result.table
@@ -99,4 +100,6 @@ def print_capacity(result: Any) -> None:
         )
     console.print(table)
     for line in summary_lines(result):
+        say(line)
+    for line in fleet_advice(result.table, spec):  # a grid of routers or fleet sizes
         say(line)

@@ -19,10 +19,11 @@ with equal TP that is one GPU's KV bytes per token, as before.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvsim.config import RunConfig, SchedulingLimits, pd_pool_tps, scheduling_limits
+from kvsim.config import RunConfig, SchedulingLimits, pd_pool_tps
 from kvsim.costmodel import CostModel, CostModelError
 from kvsim.costmodel.sharding import shard_model
 from kvsim.option_spec import ConfigError
@@ -41,6 +42,7 @@ class PDPool:
     limits: SchedulingLimits
     num_blocks: int
     memory_plan: dict[str, Any]
+    executor_factory: Callable[[], Executor]  # kvsim.runner.build_executor of the pool
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> int:
@@ -49,9 +51,7 @@ class PDPool:
 
     def make_executor(self) -> Executor:
         """A fresh step-time model for one replica of the pool."""
-        from kvsim.runner import build_executor
-
-        return build_executor(self.config, self.cost_model)
+        return self.executor_factory()
 
     def describe(self) -> dict[str, Any]:
         """summary.json's ``fleet.pd.prefill`` / ``decode``: GPU, TP, KV pool, batch limits."""
@@ -79,34 +79,47 @@ def pool_config(config: RunConfig, role: Role) -> RunConfig:
     return dataclasses.replace(config, gpu=config.gpu if gpu is None else gpu, tp=tp)
 
 
-def resolve_pool(config: RunConfig, role: Role, warnings: list[str]) -> PDPool:
-    """``role``'s pool, planned as a one-replica run on its GPU and TP. A model that does not
-    fit there (or a TP it cannot split into) is a ConfigError naming the pool's options."""
-    from kvsim.runner import build_cost_model, resolve_num_blocks
+# How a pool is planned, given its config (the run's with the pool's --gpu and --tp), the
+# run's max_model_len and the warnings list: (cost model, batch limits, KV blocks, memory plan,
+# executor factory). kvsim.runner plans it as a one-replica run (kvsim.runner.plan_pd_pool).
+PlanPool = Callable[
+    [RunConfig, int | None, list[str]],
+    tuple[CostModel, SchedulingLimits, int, dict[str, Any], Callable[[], Executor]],
+]
 
+
+def resolve_pool(
+    config: RunConfig,
+    role: Role,
+    max_model_len: int | None,
+    warnings: list[str],
+    plan_pool: PlanPool,
+) -> PDPool:
+    """``role``'s pool, planned by ``plan_pool`` on its GPU and TP. A model that does not fit
+    there (or a TP it cannot split into) is a ConfigError naming the pool's options."""
     flags = pool_flags(config, role)
     pool = pool_config(config, role)
     try:
-        cost_model = build_cost_model(pool)
-        limits = scheduling_limits(pool, cost_model.gpu)
-        num_blocks, plan = resolve_num_blocks(pool, cost_model, limits, warnings)
+        planned = plan_pool(pool, max_model_len, warnings)
     except (CostModelError, ConfigError) as exc:
         if not flags:
             raise
         # the plan's advice names --tp: here the pool's own option sets it
         text = str(exc).replace("--tp ", f"--pd-{role}-tp ")
         raise ConfigError(f"{flags} ({role} pool): {text}") from exc
-    return PDPool(role, pool, cost_model, limits, num_blocks, plan)
+    return PDPool(role, pool, *planned)
 
 
-def resolve_pools(config: RunConfig, warnings: list[str]) -> tuple[PDPool, PDPool]:
+def resolve_pools(
+    config: RunConfig, max_model_len: int | None, warnings: list[str], plan_pool: PlanPool
+) -> tuple[PDPool, PDPool]:
     """(prefill pool, decode pool) of ``config.pd``'s fleet; a warning both pools give (the
     same --num-blocks what-if on the same GPU) is said once."""
     pools, said = [], len(warnings)
     roles: tuple[Role, Role] = ("prefill", "decode")
     for role in roles:
         mine: list[str] = []
-        pools.append(resolve_pool(config, role, mine))
+        pools.append(resolve_pool(config, role, max_model_len, mine, plan_pool))
         warnings.extend(w for w in mine if w not in warnings[said:])
     return pools[0], pools[1]
 

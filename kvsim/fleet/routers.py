@@ -120,11 +120,29 @@ def min_max(values: Sequence[float]) -> list[float]:
     return [(v - low) / (high - low) for v in values]
 
 
+def held_min_max(values: Sequence[int]) -> list[float]:
+    """llm-d's normalisation of the precise prefix-cache scores
+    (indexedScoresToNormalizedScoredPods in llm-d-inference-scheduler's preciseprefixcache):
+    the KV-block indexer reports only the replicas that hold the prompt's first block (its
+    longest-prefix scorer starts from the first key's holders), those are min-max normalised
+    among themselves (all 1 when they hold equally many), and the others score 0. So of two
+    holders the shorter match scores as if it held nothing."""
+    held = [v for v in values if v > 0]
+    if not held:
+        return [0.0] * len(values)
+    low, high = min(held), max(held)
+    if high == low:
+        return [1.0 if v > 0 else 0.0 for v in values]
+    return [(v - low) / (high - low) if v > 0 else 0.0 for v in values]
+
+
 class PrefixScorer(Router):
     """llm-d's precise prefix-cache scheduling profile: a weighted sum of
 
     - the precise prefix-cache scorer: the longest run of the request's consecutive prompt
-      blocks from the start that the replica holds (from its KV events), min-max normalised;
+      blocks from the start that the replica holds (from its KV events), min-max normalised
+      over the replicas that hold at least the first block, 0 for the others
+      (``held_min_max``);
     - the queue scorer: (max q - q) / (max q - min q) over the waiting queues (1 when all
       are equal);
     - the KV-cache utilisation scorer: 1 - usage;
@@ -146,7 +164,7 @@ class PrefixScorer(Router):
 
     def scores(self, replicas: Sequence[ReplicaView]) -> list[float]:
         """Each replica's weighted score (higher is better)."""
-        prefix = min_max([r.prefix_blocks for r in replicas])
+        prefix = held_min_max([r.prefix_blocks for r in replicas])
         queues = [r.waiting for r in replicas]
         low, high = min(queues), max(queues)
         queue = [1.0 if high == low else (high - q) / (high - low) for q in queues]

@@ -131,7 +131,7 @@ def compare_runs(
     _, trace = load_workload(engine_config)
     load_before, started = load_average(), time.perf_counter()
     # Both runs schedule under the same limits (the run's GPU preset's serving defaults).
-    limits = scheduling_limits(engine_config, resolve_gpu(config.gpu))
+    limits = scheduling_limits(engine_config, resolve_gpu(config.gpu), config.max_model_len)
     llm = build_llm(engine_config, limits)
     executor = RecordingEngineExecutor(llm, clock)
     scheduler = llm.scheduler

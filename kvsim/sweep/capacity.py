@@ -23,6 +23,7 @@ import pandas as pd
 from kvsim.atomic import FolderKind, output_folder
 from kvsim.sweep import slo
 from kvsim.sweep.execute import PointOutcome, Task, default_jobs, execute
+from kvsim.sweep.fleet_advice import fleet_advice
 from kvsim.sweep.spec import SweepError, SweepPoint, SweepSpec, command_line
 
 # A round probes this many rates per configuration: 2 bracket steps (x2, x4 or /2, /4), or
@@ -44,6 +45,11 @@ PROBE_COLUMNS = (
     "tpot_s_p50", "normalized_latency_s_per_token", "throughput_output_tokens_per_s",
     "throughput_requests_per_s", "offered_rate_per_s",
 )  # fmt: skip
+
+
+# Kept where a run reports them: the hit rate, and a fleet's imbalance (kvsim/sweep/table.py
+# FLEET_COLUMNS) that the fleet advice weighs against it (kvsim/sweep/fleet_advice.py).
+EXTRA_PROBE_COLUMNS = ("prefix_cache_hit_rate", "requests_cv", "busy_time_cv")
 
 
 def _round_rate(rate: float) -> float:
@@ -108,6 +114,7 @@ class Search:
         why = "; ".join(missed) if row.get("status") == "ok" else f"failed: {row.get('error')}"
         probe = {"rate": rate, "slo_met": met, "why": "" if met else why}
         probe.update({c: row.get(c) for c in PROBE_COLUMNS})
+        probe.update({c: row[c] for c in EXTRA_PROBE_COLUMNS if c in row})
         self.probes.append(probe)
         misses = [p["rate"] for p in self.probes if not p["slo_met"]]
         self.bad = min(misses) if misses else None
@@ -209,6 +216,7 @@ def _row(search: Search) -> dict[str, Any]:
         "status": search.stopped or ("ok" if search.good is not None else "no rate found"),
         "num_probes": len(search.probes),
         **{c: at.get(c) for c in PROBE_COLUMNS},
+        **{c: at[c] for c in EXTRA_PROBE_COLUMNS if c in at},
     }
 
 
@@ -251,6 +259,9 @@ def write_capacity(result: CapacityResult, out: Path, *, force: bool = False) ->
         "tolerance": result.tolerance,
         "probes_per_round": PROBES_PER_ROUND,
     }
+    advice = fleet_advice(result.table, spec)
+    if advice:  # a grid of routers or fleet sizes (kvsim/sweep/fleet_advice.py)
+        describe["fleet_advice"] = advice
     with output_folder(Path(out), CAPACITY_FOLDER, force=force) as tmp:
         (tmp / "capacity.json").write_text(json.dumps(describe, indent=2) + "\n")
         result.table.to_csv(tmp / "capacity.csv", index=False)

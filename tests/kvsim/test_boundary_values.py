@@ -38,6 +38,15 @@ def one_error_line(result: Result, *fragments: str) -> str:
         (["--max-num-batched-tokens", "100", "--max-model-len", "4096",
           "--no-enable-chunked-prefill"],
          ["--max-num-batched-tokens 100 is below --max-model-len 4096", "chunked prefill"]),
+        # vLLM's SchedulerConfig.verify_max_model_len: both given, or the GPU's default budget
+        (["--max-num-batched-tokens", "100", "--max-num-seqs", "101"],
+         ["--max-num-batched-tokens 100 is below --max-num-seqs 101"]),
+        (["--max-num-seqs", "4096"],
+         ["--max-num-batched-tokens 2,048 (the default for this GPU) is below --max-num-seqs"]),
+        (["--long-prefill-token-threshold", "5000"],
+         ["--long-prefill-token-threshold 5,000 is above max_model_len 4,096"]),
+        (["--long-prefill-token-threshold", "600", "--max-model-len", "512"],
+         ["--long-prefill-token-threshold 600 is above --max-model-len 512"]),
     ],
 )  # fmt: skip
 def test_meaningless_run_options_are_refused(
@@ -204,3 +213,33 @@ def test_hugging_face_configs_vllm_serves_are_accepted(
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**LLAMA, **extra}))
     assert model_spec_from_hf_config(config).num_layers == 2
+
+
+def test_default_batch_limits_are_fitted_as_vllm_fits_them() -> None:
+    """vLLM 0.33 (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args): without
+    chunked prefill a defaulted budget rises to max_model_len, so every prompt that fits the
+    model can run; a defaulted max_num_seqs is capped at the budget; given values stay."""
+    from kvsim.config import scheduling_limits
+    from kvsim.costmodel import resolve_gpu
+
+    a100, t = resolve_gpu("a100-80gb"), "azure_llm_2023_conv"
+    served = scheduling_limits(RunConfig(trace=t), a100, 4096)
+    assert (served.max_num_batched_tokens, served.max_num_seqs) == (2048, 256)
+    whole = scheduling_limits(RunConfig(trace=t, enable_chunked_prefill=False), a100, 4096)
+    assert whole.max_num_batched_tokens == 4096
+    given = RunConfig(trace=t, enable_chunked_prefill=False, max_num_batched_tokens=4096)
+    assert scheduling_limits(given, a100, 8192).max_num_batched_tokens == 4096
+    small = scheduling_limits(RunConfig(trace=t, max_num_batched_tokens=64), a100, 4096)
+    assert small.max_num_seqs == 64
+    short = scheduling_limits(RunConfig(trace=t, max_num_seqs=2), a100, 512)
+    assert short.max_num_batched_tokens == 1024  # max_num_seqs x max_model_len
+
+
+def test_a_run_without_chunked_prefill_admits_prompts_longer_than_the_default_budget() -> None:
+    from kvsim.runner import run
+
+    result = run(RunConfig(trace="azure_llm_2023_conv", until=60, enable_chunked_prefill=False))
+    assert result.resolved["max_num_batched_tokens"] == 4096
+    requests = result.requests
+    assert ((requests.prompt_tokens > 2048) & requests.finish_time_s.notna()).sum() > 0
+    assert not any("exceed max_num_batched_tokens" in w for w in result.resolved["warnings"])

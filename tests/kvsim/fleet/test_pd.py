@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 
 from engine import EventKind
 from kvsim.config import RunConfig
-from kvsim.fleet.pd_pools import resolve_pools
 from kvsim.fleet.pd_run import build_pd_fleet
-from kvsim.runner import load_workload, run
+from kvsim.runner import load_workload, resolve_pd_pools, run
 
 STEP = "linear:0.005:1e-5"
 ONE_TOKEN_STEP_S = 0.005 + 1e-5  # a step computing one token
@@ -178,7 +177,7 @@ def test_small_pools_queue_and_everything_finishes(
     config = RunConfig(trace=str(path), step_time=STEP, pd=shape, pd_threshold=threshold,
                        router=router, num_blocks=prefill_blocks, max_num_seqs=4)  # fmt: skip
     _, trace = load_workload(config)
-    replicas, fleet = build_pd_fleet(config, trace, resolve_pools(config, []), None)
+    replicas, fleet = build_pd_fleet(config, trace, resolve_pd_pools(config, None, []), None)
     result = fleet.run()
     assert sum(r.sim.num_done for r in replicas) == len(trace_rows) + sum(
         1 for route in result.routes if route.disaggregated and route.decode_seq >= 0
@@ -262,7 +261,7 @@ def test_a_full_decode_pool_queues_the_pull(tmp_path: Path) -> None:
     config = RunConfig(trace=str(write_trace(tmp_path / "t.jsonl", rows)), step_time=STEP,
                        pd="2:1", num_blocks=40)  # fmt: skip
     _, trace = load_workload(config)
-    replicas, fleet = build_pd_fleet(config, trace, resolve_pools(config, []), None)
+    replicas, fleet = build_pd_fleet(config, trace, resolve_pd_pools(config, None, []), None)
     freed: dict[int, float] = {}  # prefill replica -> when its request's blocks were freed
     for p, replica in enumerate(replicas[:2]):
         bm = replica.sim.block_manager

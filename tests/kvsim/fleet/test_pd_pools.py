@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 from kvsim.config import RunConfig, scheduling_limits
 from kvsim.costmodel import plan_num_blocks, resolve_gpu, resolve_model
-from kvsim.fleet.pd_pools import pull_bytes_per_token, resolve_pools
+from kvsim.fleet.pd_pools import pull_bytes_per_token
 from kvsim.option_spec import ConfigError
-from kvsim.runner import run
+from kvsim.runner import resolve_pd_pools, run
 from tests.kvsim.fleet.test_pd import write_trace
 
 MODEL = "llama-3.1-8b"  # 32 layers, 8 KV heads of 128, bf16
@@ -55,7 +55,7 @@ def test_each_pool_plans_its_own_kv_pool(tmp_path: Path) -> None:
     planned = {}
     for role, gpu, tp in (("prefill", "a100-80gb", 1), ("decode", "h200", 2)):
         spec = resolve_gpu(gpu)
-        limits = scheduling_limits(config, spec)
+        limits = scheduling_limits(config, spec, model.max_model_len)
         planned[role] = plan_num_blocks(
             model, spec, 16, tp=tp, max_num_batched_tokens=limits.max_num_batched_tokens,
             max_num_seqs=limits.max_num_seqs,
@@ -98,7 +98,7 @@ def test_pull_bytes_per_token_across_tp_sizes(
     decode GPU's KV x max(1, decode TP / prefill TP)."""
     config = RunConfig(trace="x", model=MODEL, gpu="h200", pd="1:1", pd_prefill_tp=prefill_tp,
                        pd_decode_tp=decode_tp)  # fmt: skip
-    assert pull_bytes_per_token(*resolve_pools(config, [])) == heads * HEAD_BYTES
+    assert pull_bytes_per_token(*resolve_pd_pools(config, None, [])) == heads * HEAD_BYTES
 
 
 def test_pulls_move_the_pools_bytes(tmp_path: Path) -> None:

@@ -85,12 +85,25 @@ def test_prefix_scorer_weights_prefix_queue_and_kv_two_one_one() -> None:
         view(prefix_blocks=0, waiting=0, kv_usage=0.0),
         view(prefix_blocks=4, waiting=2, kv_usage=0.25),
     ]
-    # prefix min-max: 1, 0, 0.5; queue (4 - q) / 4: 0, 1, 0.5; kv 1 - usage: 0.5, 1, 0.75
-    assert router.scores(views) == pytest.approx([2.5, 2.0, 2.25])
+    # prefix min-max over the holders (8, 4): 1, 0 (not held), 0; queue (4 - q) / 4: 0, 1,
+    # 0.5; kv 1 - usage: 0.5, 1, 0.75
+    assert router.scores(views) == pytest.approx([2.5, 2.0, 1.25])
     assert router.choose(REQUEST, views) == 0
     heavy_queue = PrefixScorer(3, rng(), weights=(1.0, 3.0, 1.0))
-    # 1 + 0 + 0.5 = 1.5; 0 + 3 + 1 = 4; 0.5 + 1.5 + 0.75 = 2.75
+    # 1 + 0 + 0.5 = 1.5; 0 + 3 + 1 = 4; 0 + 1.5 + 0.75 = 2.25
     assert heavy_queue.choose(REQUEST, views) == 1
+
+
+def test_prefix_scores_are_normalised_among_the_replicas_that_hold_the_first_block() -> None:
+    """llm-d's indexer reports only replicas holding the prompt's first block; normalised
+    among them, the shorter match scores 0 like a replica holding nothing, and equal holders
+    all score 1 (indexedScoresToNormalizedScoredPods)."""
+    router = PrefixScorer(4, rng(), weights=(1.0, 0.0, 0.0))
+    assert router.scores([view(prefix_blocks=b) for b in (3, 0, 5, 4)]) == pytest.approx(
+        [0.0, 0.0, 1.0, 0.5]
+    )
+    assert router.scores([view(prefix_blocks=b) for b in (2, 0, 2, 0)]) == [1.0, 0.0, 1.0, 0.0]
+    assert router.scores([view(prefix_blocks=0) for _ in range(4)]) == [0.0] * 4
 
 
 def test_prefix_scorer_with_no_prefix_anywhere_follows_load() -> None:
