@@ -277,6 +277,18 @@ class RunConfig:
         sweep="param",
         check=at_least(0, maximum=2.0**32),
     )
+    router_speculative_ttl_s: float = option(
+        0.0,
+        help="Fleet, --router prefix: llm-d's speculative indexing: a routed prompt's blocks "
+        "count as held by its replica for this long, before its KV events confirm them (0: "
+        "off, as llm-d's scorer defaults; llm-d's precise prefix-cache guide turns it on with "
+        "a 2 s TTL)",
+        unit="SECONDS",
+        flag="--router-speculative-ttl",
+        sweep="param",
+        check=at_least(0, maximum=3600.0),
+        omit_default=True,
+    )
     router_oracle: bool = option(
         False,
         help="Fleet: a prefix-aware router reads the replicas' caches directly instead of their "
@@ -700,6 +712,13 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         "--fleet-events all writes the replicas' events of a --replicas fleet (a P/D fleet "
         "writes its routing decisions only)"
         if c.fleet_events == "all" and c.pd is not None
+        else None
+    ),
+    lambda c: (
+        "--router-speculative-ttl is llm-d's speculative indexing: it needs --router prefix "
+        "in a fleet (--replicas above 1 or --pd)"
+        if c.router_speculative_ttl_s > 0
+        and (c.router != "prefix" or (c.replicas <= 1 and c.pd is None))
         else None
     ),
     lambda c: (

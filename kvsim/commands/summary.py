@@ -82,6 +82,8 @@ def _fleet_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     weights = f" ({fleet['router_weights']})" if fleet.get("router_weights") else ""
     delay = fleet["router_event_delay_s"]
     events = "caches read directly" if fleet["router_oracle"] else f"KV events {delay:g} s late"
+    if fleet.get("router_speculative_ttl_s"):
+        events += f", routed prompts held {fleet['router_speculative_ttl_s']:g} s (speculative)"
     pd = fleet.get("pd")
     shape = (
         _pd_shape(s["replicas"], pd)

@@ -26,12 +26,23 @@ _CACHE, _EVICT, _RESET = int(EventKind.CACHE), int(EventKind.EVICT), int(EventKi
 
 
 class KvEventIndex:
-    """Per replica, the block keys its KV events say it holds, ``delay_s`` after the fact."""
+    """Per replica, the block keys its KV events say it holds, ``delay_s`` after the fact;
+    with ``speculative_ttl_s`` > 0 also the keys the router predicted there (``speculate``)
+    for that long: llm-d's speculative indexing (its precise prefix-cache scorer writes a
+    routed prompt's block keys for the chosen endpoint at once, with a TTL, default 2 s,
+    closing the gap between a routing decision and the KV events that confirm it)."""
 
-    def __init__(self, num_replicas: int, delay_s: float) -> None:
+    def __init__(self, num_replicas: int, delay_s: float, speculative_ttl_s: float = 0.0) -> None:
         if delay_s < 0:
             raise ValueError(f"the router's event delay must be >= 0 seconds, got {delay_s}")
+        if speculative_ttl_s < 0:
+            raise ValueError(f"the speculative TTL must be >= 0 seconds, got {speculative_ttl_s}")
         self.delay_s = delay_s
+        self.speculative_ttl_s = speculative_ttl_s
+        # predicted keys per replica -> when they expire (the latest prediction's), and the
+        # predictions in expiry order (routings come in time order and the TTL is one)
+        self._speculated: list[dict[int, float]] = [{} for _ in range(num_replicas)]
+        self._expiries: deque[tuple[float, int, Sequence[int]]] = deque()
         self._held: list[dict[int, int]] = [{} for _ in range(num_replicas)]  # key -> blocks
         self._num_held = [0] * num_replicas  # blocks held (a key held twice counts twice)
         # per replica (each runs on its own clock, so only its own events come in time order)
@@ -44,10 +55,28 @@ class KvEventIndex:
         self._pending[replica].append((time_s + self.delay_s, op, keys))
 
     def advance(self, now_s: float) -> None:
-        """Apply every event due by ``now_s``."""
+        """Apply every event due by ``now_s`` and drop the predictions expired by then."""
         for replica, pending in enumerate(self._pending):
             if pending and pending[0][0] <= now_s:
                 self._apply(replica, pending, now_s)
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now_s:
+            expiry, replica, keys = expiries.popleft()
+            speculated = self._speculated[replica]
+            for key in keys:
+                if speculated.get(key) == expiry:  # not predicted again since
+                    del speculated[key]
+
+    def speculate(self, now_s: float, replica: int, keys: Sequence[int]) -> None:
+        """The router sent a prompt with block ``keys`` to ``replica`` at ``now_s``: count them
+        as held there until ``now_s + speculative_ttl_s`` (nothing without a TTL). Confirmed
+        keys (KV events) are kept apart: an expiry never drops them, nor a BlockRemoved a
+        prediction."""
+        if self.speculative_ttl_s <= 0 or not keys:
+            return
+        expiry = now_s + self.speculative_ttl_s
+        self._speculated[replica].update(dict.fromkeys(keys, expiry))
+        self._expiries.append((expiry, replica, keys))
 
     def _apply(
         self, replica: int, pending: deque[tuple[float, int, Sequence[int]]], now_s: float
@@ -68,10 +97,10 @@ class KvEventIndex:
     def prefix_blocks(self, replica: int, keys: Sequence[int]) -> int:
         """How many of ``keys`` (a prompt's block keys in order) the replica holds from the
         first one on."""
-        counts = self._held[replica]
+        counts, speculated = self._held[replica], self._speculated[replica]
         n = 0
         for key in keys:
-            if key not in counts:
+            if key not in counts and key not in speculated:
                 break
             n += 1
         return n

@@ -138,8 +138,10 @@ class PDFleetSimulation:
         stats_interval_s: float = 0.1,
         oracle: bool = False,
         until: float | None = None,
+        speculative_ttl_s: float = 0.0,
     ) -> None:
-        """``routers``: (prefill pool's, decode pool's), two instances of one formula."""
+        """``routers``: (prefill pool's, decode pool's), two instances of one formula;
+        ``speculative_ttl_s`` as FleetSimulation's (each chosen replica's prediction)."""
         if stats_interval_s <= 0:
             raise ValueError(f"stats_interval_s must be > 0 seconds, got {stats_interval_s}")
         self.requests = requests
@@ -151,7 +153,9 @@ class PDFleetSimulation:
         self.prefill_router, self.decode_router = routers
         self.block_size, self.threshold = block_size, threshold
         self.stats_interval_s, self.until = stats_interval_s, until
-        self.index = KvEventIndex(len(self.replicas), 0.0 if oracle else event_delay_s)
+        self.index = KvEventIndex(
+            len(self.replicas), 0.0 if oracle else event_delay_s, speculative_ttl_s
+        )
         self._prompt_keys_of = prompt_keys_of
         self._stats = [(0, 0, 0.0)] * len(self.replicas)
         self._books = (RouterBook(len(self.prefill)), RouterBook(len(self.decode)))
@@ -216,6 +220,8 @@ class PDFleetSimulation:
         pool_d = range(num_prefill, len(self.replicas))
         views_d = self._views(pool_d, self._books[1], keys, self.decode_router.uses_prefix)
         d = self._choose(self.decode_router, route_request, views_d)
+        if self.decode_router.uses_prefix:
+            self.index.speculate(self.env.now, num_prefill + d, keys)
         held_d = views_d[d].prefix_blocks
         uncached = max(0, request.prompt_tokens - held_d * bs)
         blocks = -(-request.prompt_tokens // bs)
@@ -228,6 +234,7 @@ class PDFleetSimulation:
                 pool_p, self._books[0], prefill_keys, self.prefill_router.uses_prefix
             )
             p = self._choose(self.prefill_router, route_request, views_p)
+            self.index.speculate(self.env.now, p, prefill_keys)
             held_p = views_p[p].prefix_blocks
             sim = self.prefill[p]
             seq_id = len(sim.submitted)

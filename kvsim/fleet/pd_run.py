@@ -153,6 +153,7 @@ def build_pd_fleet(
         event_delay_s=config.router_event_delay_s,
         oracle=config.router_oracle,
         until=config.until,
+        speculative_ttl_s=config.router_speculative_ttl_s,
     )
     return replicas, fleet
 
@@ -195,6 +196,12 @@ def simulate_pd_fleet(
             "router_weights": config.router_weights if config.router == "prefix" else None,
             "router_event_delay_s": config.router_event_delay_s,
             "router_oracle": config.router_oracle,
+            # only when set: fleet sections of runs without it keep their bytes
+            **(
+                {"router_speculative_ttl_s": config.router_speculative_ttl_s}
+                if config.router_speculative_ttl_s > 0
+                else {}
+            ),
         },
     )
     summary["fleet"]["pd"] = pd_section(

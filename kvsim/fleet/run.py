@@ -183,6 +183,7 @@ def simulate_fleet(
         event_delay_s=config.router_event_delay_s,
         oracle=config.router_oracle,
         until=config.until,
+        speculative_ttl_s=config.router_speculative_ttl_s,
         route_events=writer is not None,
     )
     try:
@@ -214,6 +215,12 @@ def simulate_fleet(
             "router_weights": config.router_weights if config.router == "prefix" else None,
             "router_event_delay_s": config.router_event_delay_s,
             "router_oracle": config.router_oracle,
+            # only when set: fleet sections of runs without it keep their bytes
+            **(
+                {"router_speculative_ttl_s": config.router_speculative_ttl_s}
+                if config.router_speculative_ttl_s > 0
+                else {}
+            ),
         },
     )
     routing = Table(

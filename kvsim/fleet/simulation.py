@@ -73,10 +73,13 @@ class FleetSimulation:
         oracle: bool = False,
         until: float | None = None,
         route_events: bool = False,
+        speculative_ttl_s: float = 0.0,
     ) -> None:
         """``prompt_keys_of`` gives a request's full prompt blocks' keys as the replicas key
         them (``[]`` for a prompt nobody shares). With ``route_events`` each decision is also
-        a ROUTE event in the chosen replica's own stream (``--fleet-events all``)."""
+        a ROUTE event in the chosen replica's own stream (``--fleet-events all``). With
+        ``speculative_ttl_s`` each routed prompt's keys count as held by its replica for that
+        long (llm-d's speculative indexing, ``KvEventIndex.speculate``)."""
         if stats_interval_s <= 0:
             raise ValueError(f"stats_interval_s must be > 0 seconds, got {stats_interval_s}")
         self.requests = requests
@@ -88,7 +91,9 @@ class FleetSimulation:
         self.route_events = route_events
         # the oracle reads each cache as it is: the index with no delay (a property test holds
         # it equal to the caches at every routing)
-        self.index = KvEventIndex(len(self.replicas), 0.0 if oracle else event_delay_s)
+        self.index = KvEventIndex(
+            len(self.replicas), 0.0 if oracle else event_delay_s, speculative_ttl_s
+        )
         self._prompt_keys_of = prompt_keys_of
         n = len(self.replicas)
         self._stats = [(0, 0, 0.0)] * n  # published (waiting, running, kv_usage)
@@ -194,6 +199,7 @@ class FleetSimulation:
         chosen = self.router.choose(RouteRequest(request.prompt_tokens, num_blocks, bs), views)
         if not 0 <= chosen < len(self.replicas):
             raise RuntimeError(f"router {self.router.name} chose replica {chosen}")
+        self.index.speculate(self.now, chosen, keys)
         sim = self.replicas[chosen]
         seq_id = len(sim.submitted)
         held = views[chosen].prefix_blocks
