@@ -60,6 +60,8 @@ def offload_engine_loop(
     """``sim``'s engine loop (a kvsim.sim.simulation.Simulation) when its scheduler offloads
     (module docstring)."""
     env, sched, executor = sim.env, sim.scheduler, sim.executor
+    # Secondary tiers run on the scheduler's clock: it reads it at schedule() and update().
+    tiering = sched.connector.tiering
     while True:
         if not sched.has_unfinished():
             if sim._all_submitted:
@@ -67,6 +69,8 @@ def offload_engine_loop(
             sim._wake = env.event()
             yield sim._wake
             continue
+        if tiering is not None:
+            tiering.now = env.now
         out = sched.schedule()
         meta = out.connector_meta
         assert meta is not None
@@ -80,7 +84,9 @@ def offload_engine_loop(
             idle = not out.rejected and not out.preempted and not meta.store_jobs
             # (this step may have ended the connector's last work: then nothing is left)
             if idle and sched.has_unfinished():
-                yield from _idle_until_next(sim, worker)
+                yield from _idle_until_next(sim, worker, tiering)
+            if tiering is not None:
+                tiering.now = env.now
             for seq in sched.update(out, [], worker.poll(env.now)):
                 sim._finish_seq(seq)
             continue
@@ -89,6 +95,8 @@ def offload_engine_loop(
         sim._record_step(out, dt)
         trace.record(sched)
         yield from sim._advance_clock(dt)
+        if tiering is not None:
+            tiering.now = env.now
         for seq in sched.update(out, tokens, completed):
             sim._finish_seq(seq)
         if sim._on_step_end is not None:
@@ -96,11 +104,18 @@ def offload_engine_loop(
         sim._report(progress)
 
 
-def _idle_until_next(sim: Any, worker: OffloadWorker) -> Generator[simpy.Event, Any, None]:
-    """Nothing runs: wait for the next transfer completion or the next arrival."""
+def _idle_until_next(
+    sim: Any, worker: OffloadWorker, tiering: Any = None
+) -> Generator[simpy.Event, Any, None]:
+    """Nothing runs: wait for the next transfer completion (any tier's) or the next
+    arrival; not at all while a secondary tier's lookup answers wait for the next step."""
     env = sim.env
     sim._wake = env.event()
     due = worker.next_completion_time()
+    if tiering is not None:
+        tier_due = tiering.next_event_time()
+        if tier_due is not None:
+            due = tier_due if due is None else min(due, tier_due)
     if due is None:
         yield sim._wake
     else:
