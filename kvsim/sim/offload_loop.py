@@ -24,7 +24,7 @@ import simpy
 
 from engine.offload.worker import OffloadWorker
 from kvsim.costmodel.model import BatchShape
-from kvsim.sim.records import OffloadRecords
+from kvsim.sim.records import OffloadRecords, SecondaryTierRecords
 
 Progress = Any  # kvsim.sim.simulation.Progress (that module imports this one)
 
@@ -36,6 +36,8 @@ class TierTrace:
     def __init__(self) -> None:
         self.chunks = array("q")
         self.evictions = array("q")
+        self.tier_chunks: list[array[int]] = []  # per secondary tier, as chunks
+        self.tier_evictions: list[array[int]] = []
         self.recompute_s: dict[int, float] = {}  # load job id -> seconds
 
     def price_loads(self, executor: Any, loads: list[Any], sched: Any) -> None:
@@ -52,6 +54,14 @@ class TierTrace:
         manager = sched.connector.manager
         self.chunks.append(manager.num_held)
         self.evictions.append(manager.num_evicted)
+        tiering = sched.connector.tiering
+        if tiering is not None:
+            if not self.tier_chunks:
+                self.tier_chunks = [array("q") for _ in tiering.tiers]
+                self.tier_evictions = [array("q") for _ in tiering.tiers]
+            for i, tier in enumerate(tiering.tiers):
+                self.tier_chunks[i].append(tier.num_held)
+                self.tier_evictions[i].append(tier.stats.evictions)
 
 
 def offload_engine_loop(
@@ -136,7 +146,31 @@ def offload_records(sim: Any, trace: TierTrace) -> OffloadRecords | None:
         step_tier_chunks=np.frombuffer(trace.chunks, dtype=np.int64).copy(),
         step_tier_evictions=np.frombuffer(trace.evictions, dtype=np.int64).copy(),
         load_recompute_s=trace.recompute_s,
+        secondary=_secondary_records(connector.tiering, trace),
     )
+
+
+def _secondary_records(tiering: Any, trace: TierTrace) -> list[SecondaryTierRecords]:
+    if tiering is None:
+        return []
+    out = []
+    for i, tier in enumerate(tiering.tiers):
+        chunks = trace.tier_chunks[i] if trace.tier_chunks else array("q")
+        evictions = trace.tier_evictions[i] if trace.tier_evictions else array("q")
+        out.append(
+            SecondaryTierRecords(
+                name=tier.name,
+                capacity_chunks=tier.config.num_chunks,
+                chunk_bytes=tier.config.chunk_bytes,
+                jobs=tier.history,
+                stats=tier.stats,
+                promoted_chunks=tiering.promoted_chunks[i],
+                loaded_chunks=tiering.loaded_chunks[i],
+                step_chunks=np.frombuffer(chunks, dtype=np.int64).copy(),
+                step_evictions=np.frombuffer(evictions, dtype=np.int64).copy(),
+            )
+        )
+    return out
 
 
 def prefill_time_s(executor: Any, tokens: int, cached: int, block_size: int) -> float:
