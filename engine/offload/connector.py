@@ -31,7 +31,7 @@ from engine.core.sequence import Sequence
 from engine.offload.cpu_manager import CPUOffloadManager, LookupResult
 from engine.offload.policies import OffloadKey, RequestContext
 from engine.offload.secondary_tier import SecondaryTier, SecondaryTierConfig
-from engine.offload.tiering import RETRY, TieringManager
+from engine.offload.tiering import TieringManager
 from engine.v1.prefix_cache import ensure_block_hashes
 
 HIT_PENDING, MISS = LookupResult.HIT_PENDING, LookupResult.MISS
@@ -154,7 +154,7 @@ class OffloadConnector:
         num_hit_chunks = 0
         pending = False
         if self.tiering is not None:
-            num_hit_chunks, pending, retry = self._tiered_lookup(keys[start:end], st.ctx)
+            num_hit_chunks, pending, retry = self.tiering.prefix_lookup(keys[start:end], st.ctx)
             if retry:
                 return None  # a secondary tier's probe is on its way
         else:
@@ -179,26 +179,6 @@ class OffloadConnector:
             if not being_loaded.isdisjoint(needed):
                 return None
         return num_hit_tokens
-
-    def _tiered_lookup(self, keys: list[OffloadKey], ctx: RequestContext) -> tuple[int, bool, bool]:
-        """vLLM's _maximal_prefix_lookup with tiers: consecutive hits (HIT or HIT_PENDING,
-        the latter a store or a promotion in flight) up to the first MISS; a RETRY counts no
-        hit but does not stop the scan (so every tier's probe starts). Returns (hits,
-        pending, retry)."""
-        assert self.tiering is not None
-        lookup = self.tiering.lookup
-        num_hit_chunks = 0
-        pending = retry = False
-        for key in keys:
-            result = lookup(key, ctx)
-            if result is MISS:
-                break
-            if result is RETRY:
-                retry = True
-                continue
-            num_hit_chunks += 1
-            pending |= result is HIT_PENDING
-        return num_hit_chunks, pending, retry
 
     def update_state_after_alloc(self, seq: Sequence, num_external_tokens: int) -> None:
         """``seq``'s blocks are allocated (its local hit plus ``num_external_tokens`` to load):

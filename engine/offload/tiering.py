@@ -136,6 +136,26 @@ class TieringManager:
             retry |= answer is TierLookup.RETRY
         return RETRY if retry else LookupResult.MISS
 
+    def prefix_lookup(
+        self, keys: Sequence[OffloadKey], ctx: RequestContext
+    ) -> tuple[int, bool, bool]:
+        """vLLM's _maximal_prefix_lookup with tiers (offloading/scheduler.py): consecutive
+        hits (HIT, or HIT_PENDING: a store or a promotion in flight) up to the first MISS; a
+        RETRY counts no hit but does not stop the scan, so every chunk's probe or promotion
+        starts. Returns (hits, any pending, any retry)."""
+        num_hits = 0
+        pending = retry = False
+        for key in keys:
+            result = self.lookup(key, ctx)
+            if result is LookupResult.MISS:
+                break
+            if result is RETRY:
+                retry = True
+                continue
+            num_hits += 1
+            pending |= result is LookupResult.HIT_PENDING
+        return num_hits, pending, retry
+
     def prepare_load(self, keys: Sequence[OffloadKey], ctx: RequestContext) -> None:
         self.primary.prepare_load(keys, ctx)
         sources = self._sources.get(id(ctx))
