@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from test_offload_run import MODEL, kvsim, write_trace
 
+from kvsim.outputs.report import offload_rows
+
 # 4 chunks of 2 MiB: the CPU tier holds four 16-token blocks of llama-3.1-8b
 CPU_GIB = str(4 * 2 / 1024)
 
@@ -58,6 +60,8 @@ def test_a_prefix_the_cpu_tier_lost_comes_back_from_the_disk_tier(tmp_path: Path
     assert steps["offload_disk_chunks"].max() == tier["chunks_peak"] == 8  # held or being written
     assert "offload_disk_chunks" not in pq.read_table(cpu_only / "steps.parquet").column_names
     assert "tiers" not in json.loads((cpu_only / "summary.json").read_text())["offload"]
+    rows = dict(offload_rows(json.loads((disk / "summary.json").read_text())))
+    assert rows["disk tier: tokens served / chunks promoted"] == "32 / 2"  # report.html
     options = json.loads((disk / "config.json").read_text())["options"]
     assert options["kv_offload_tier"] == "disk:1GiB"
     assert "kv_offload_tier" not in json.loads((cpu_only / "config.json").read_text())["options"]
