@@ -193,8 +193,12 @@ class SecondaryTier:
             self._next_generation += 1
             self._probes[key] = probe
             self._batch.append((key, probe.generation))
-        probe.requests.add(seq_id)
-        self._request_probes.setdefault(seq_id, set()).add(key)
+        if seq_id not in probe.requests:  # (a request asks again every step it waits)
+            probe.requests.add(seq_id)
+            keys = self._request_probes.get(seq_id)
+            if keys is None:
+                keys = self._request_probes[seq_id] = set()
+            keys.add(key)
         self.stats.lookups += 1
         if probe.result is None:
             return TierLookup.RETRY
