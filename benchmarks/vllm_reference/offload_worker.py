@@ -261,6 +261,12 @@ class OffloadSim:
         for rid in request_ids:
             self.finish_seq[rid] = len(self.finish_seq)
 
+    def close(self) -> None:
+        """The tiering spec's scheduler-side shared memory region (/dev/shm) is removed only
+        by its manager's shutdown (TieringOffloadingManager.shutdown -> primary tier)."""
+        if self.disk is not None:
+            self.conn.manager.shutdown()
+
     def busy(self) -> bool:
         disk = self.disk
         if disk is not None and (disk.link.jobs or disk.probes_waiting()):
