@@ -27,7 +27,14 @@ from typing import Any, Literal
 from kvsim.costmodel.gpuspec import GPU_PRESETS, GPUSpec
 from kvsim.costmodel.memory_plan import serving_batch_defaults
 from kvsim.costmodel.modelspec import ModelSpec
-from kvsim.costmodel.offload import LINK_PRESETS, OffloadPlan, plan_offload, resolve_link
+from kvsim.costmodel.offload import (
+    LINK_PRESETS,
+    OffloadPlan,
+    parse_tier_specs,
+    plan_offload,
+    resolve_link,
+)
+from kvsim.costmodel.specio import CostModelError
 from kvsim.option_spec import (
     MAX_BLOCK_SIZE,
     MAX_CONCURRENCY,
@@ -447,6 +454,17 @@ class RunConfig:
         check=at_least(0, maximum=1e9),
         omit_default=True,
     )
+    kv_offload_tier: str | None = option(
+        None,
+        help="KV offload: secondary tiers behind the CPU tier, a comma list of "
+        "NAME:SIZE[:READ_GBPS:WRITE_GBPS:LATENCY_US] (presets disk: NVMe gen4, sata: SATA "
+        "SSD; SIZE as 2TiB, 500GB), as vLLM's tiering spec's secondary_tiers",
+        unit="NAME:SIZE",
+        default_text="none",
+        sweep="param",
+        check=lambda name, value: _check_tiers(value),
+        omit_default=True,
+    )
     allocator: Allocator = option(
         "paged",
         help="KV allocator: paged (vLLM), or a contiguous baseline reserving max_model_len "
@@ -610,6 +628,22 @@ def _pd_tp_problem(c: RunConfig) -> str | None:
     )
 
 
+def _check_tiers(value: str) -> None:
+    try:
+        parse_tier_specs(value)
+    except CostModelError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _tier_without_cpu_problem(c: RunConfig) -> str | None:
+    if c.kv_offload_tier is None or c.offloads():
+        return None
+    return (
+        "--kv-offload-tier needs --kv-offloading-size above 0 (secondary tiers sit behind "
+        "the CPU tier, as in vLLM's tiering spec)"
+    )
+
+
 def _offload_block_size_problem(c: RunConfig) -> str | None:
     size = c.kv_offload_block_size
     if size is None or size % c.block_size == 0:
@@ -752,6 +786,7 @@ _RULES: tuple[Callable[[RunConfig], str | None], ...] = (
         else None
     ),
     _offload_block_size_problem,
+    _tier_without_cpu_problem,
     _engine_only_in_cost_mode,
 )
 

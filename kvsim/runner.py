@@ -17,7 +17,7 @@ from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChu
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
 from kvsim.analysis.measure import measure
 from kvsim.analysis.metrics import events_frame, mark_events
-from kvsim.analysis.offload_metrics import transfers_table
+from kvsim.analysis.offload_metrics import transfers_table, transfers_with_tiers
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig, SchedulingLimits, scheduling_limits
 from kvsim.costmodel import (
@@ -484,7 +484,8 @@ def simulate(
         resolved.setdefault("warnings", []).append(unarrived)
     extra: dict[str, Table] = {}
     if result.offload is not None:
-        extra["transfers"] = transfers_table(result.offload, result.block_size)
+        tables = transfers_with_tiers if result.offload.secondary else transfers_table
+        extra["transfers"] = tables(result.offload, result.block_size)
     return RunResult(
         config, resolved, summary, requests, steps, events, events_path, marks, extra_tables=extra
     )

@@ -38,6 +38,12 @@ class OffloadSim:
     def __init__(self, scheduler, args):
         self.scheduler = scheduler
         self.conn = scheduler.connector.connector_scheduler  # OffloadingConnectorScheduler
+        # With the tiering spec the CPU tier is the tiering manager's primary tier.
+        self.cpu = getattr(self.conn.manager, "primary_tier", self.conn.manager)
+        from offload_tier import TimedFsTier
+        self.disk = TimedFsTier.INSTANCE if self.cpu is not self.conn.manager else None
+        self.disk_logged = 0
+        self.disk_clock: list[float] = []  # the step's schedule() and update() times, unrounded
         self.kv_bytes_per_block = args.kv_bytes_per_block
         self.link = Link(args.read_gbps * 1e9, args.write_gbps * 1e9, args.link_latency_us * 1e-6)
         self.snapshot_every = args.cpu_snapshot_every
@@ -94,7 +100,7 @@ class OffloadSim:
         return self.names.get(key) or "?" + key.hex()[:16]
 
     def tier_keys(self) -> set[bytes]:
-        policy = self.conn.manager._policy
+        policy = self.cpu._policy
         if hasattr(policy, "chunks"):  # lru
             return set(policy.chunks)
         return set(policy.t1) | set(policy.t2)  # arc
@@ -115,7 +121,7 @@ class OffloadSim:
         gs = rs.group_states[0]
         tpc = self.conn.config.kv_group_configs[0].tokens_per_chunk
         for key in gs.offload_keys[rs.num_locally_computed_tokens // tpc:]:
-            chunk = self.conn.manager._policy.get(key)
+            chunk = self.cpu._policy.get(key)
             if chunk is None:
                 break
             if not chunk.is_ready:
@@ -194,10 +200,44 @@ class OffloadSim:
     def zero_step_end(self, t_fwd: float, next_arrival: float, built_stores: bool) -> float:
         """End of a step that scheduled no token: no compute. With submitted jobs in flight the
         clock jumps to min(next completion, next arrival); with stores just built (submitted at
-        the next step's start) or nothing in flight it does not move."""
-        if built_stores or not self.link.jobs:
+        the next step's start) or nothing in flight it does not move. A disk tier's jobs count
+        as in flight; its lookup probes waiting for their answers keep the clock still (the
+        engine steps again at once)."""
+        disk = self.disk
+        if disk is not None and disk.probes_waiting():
             return t_fwd
-        return max(t_fwd, min(self.link.next_completion(), next_arrival))
+        busy = bool(self.link.jobs) or (disk is not None and bool(disk.link.jobs))
+        if built_stores or not busy:
+            return t_fwd
+        due = self.link.next_completion()
+        if disk is not None:
+            due = min(due, disk.next_completion())
+        return max(t_fwd, min(due, next_arrival))
+
+    def set_tier_clock(self, t: float) -> None:
+        """The disk tier's clock: the scheduler's time at schedule() / update_from_output()."""
+        if self.disk is not None:
+            self.disk.now = t
+            self.disk_clock.append(t)
+
+    def record_tier(self, rec: dict) -> None:
+        """The disk tier's jobs submitted and reported since the last record, what it holds."""
+        disk = self.disk
+        if disk is None:
+            return
+        jobs = []
+        for e in disk.log[self.disk_logged:]:
+            if e["event"] == "done":
+                jobs.append({"event": "done", "job": e["job"]})
+            else:
+                jobs.append({"event": e["event"], "job": e["job"], "request": e["request"],
+                             "chunks": [self.name(k) for k in e["keys"]]})
+        self.disk_logged = len(disk.log)
+        rec["disk_jobs"] = jobs
+        rec["disk_clock"], self.disk_clock = self.disk_clock, []
+        rec["disk_num_chunks"] = len(disk.on_disk)
+        if self.snapshot_every and rec["step"] % self.snapshot_every == 0:
+            rec["disk_chunks"] = sorted(self.name(k) for k in disk.on_disk)
 
     def end_step(self, t_poll: float, rec: dict):
         """The step's KVConnectorOutput: every job completed by t_poll (None if none)."""
@@ -221,14 +261,23 @@ class OffloadSim:
         for rid in request_ids:
             self.finish_seq[rid] = len(self.finish_seq)
 
+    def close(self) -> None:
+        """The tiering spec's scheduler-side shared memory region (/dev/shm) is removed only
+        by its manager's shutdown (TieringOffloadingManager.shutdown -> primary tier)."""
+        if self.disk is not None:
+            self.conn.manager.shutdown()
+
     def busy(self) -> bool:
+        disk = self.disk
+        if disk is not None and (disk.link.jobs or disk.probes_waiting()):
+            return True
         return bool(self.link.jobs or self.deferred)
 
     def cpu_chunks(self) -> list[str]:
         return sorted(self.name(k) for k in self.tier_keys())
 
     def config_info(self, args) -> dict:
-        mgr = self.conn.manager
+        mgr = self.cpu
         cfg = self.conn.config
         return {
             "connector": type(self.scheduler.connector).__name__,
@@ -247,11 +296,14 @@ class OffloadSim:
             "read_bytes_per_s": args.read_gbps * 1e9,
             "write_bytes_per_s": args.write_gbps * 1e9,
             "link_latency_s": args.link_latency_us * 1e-6,
+            **({"disk_chunk_bytes": self.disk.block_size_bytes} if self.disk else {}),
             "kv_connector_extra_config": dict(
                 self.scheduler.vllm_config.kv_transfer_config.kv_connector_extra_config),
         }
 
     def summary(self) -> dict:
+        if self.disk is not None:
+            self.totals["final_disk_chunks"] = sorted(self.name(k) for k in self.disk.on_disk)
         return {**self.totals, "flush_wait_s": round(self.totals["flush_wait_s"], 9),
                 "final_cpu_chunks": self.cpu_chunks(),
                 "jobs_unfinished": sorted(self.link.jobs) + [j for j, _ in self.deferred]}

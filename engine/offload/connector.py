@@ -30,6 +30,8 @@ from engine.core.scheduler_output import ConnectorMeta, TransferJob
 from engine.core.sequence import Sequence
 from engine.offload.cpu_manager import CPUOffloadManager, LookupResult
 from engine.offload.policies import OffloadKey, RequestContext
+from engine.offload.secondary_tier import SecondaryTier, SecondaryTierConfig
+from engine.offload.tiering import TieringManager
 from engine.v1.prefix_cache import ensure_block_hashes
 
 HIT_PENDING, MISS = LookupResult.HIT_PENDING, LookupResult.MISS
@@ -39,12 +41,14 @@ HIT_PENDING, MISS = LookupResult.HIT_PENDING, LookupResult.MISS
 class OffloadConfig:
     """A CPU tier of ``num_chunks`` chunks, each ``blocks_per_chunk`` GPU blocks, evicting by
     ``policy`` ("lru" or "arc"). ``offload_prompt_only`` (vLLM's default) stores prompt
-    chunks only."""
+    chunks only. ``secondary_tiers``: tiers behind the CPU tier (engine/offload/tiering.py),
+    none by default."""
 
     num_chunks: int
     blocks_per_chunk: int = 1
     policy: str = "lru"
     offload_prompt_only: bool = True
+    secondary_tiers: tuple[SecondaryTierConfig, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_chunks, int) or self.num_chunks < 0:
@@ -76,6 +80,12 @@ class OffloadConnector:
         self.block_size = block_size
         self.tokens_per_chunk = block_size * config.blocks_per_chunk
         self.manager = CPUOffloadManager(config.num_chunks, config.policy)
+        # With secondary tiers the CPU tier sits inside vLLM's tiering manager, which the
+        # lookups, stores and finishes go through (the hook; None: the CPU tier alone).
+        self.tiering: TieringManager | None = None
+        if config.secondary_tiers:
+            tiers = [SecondaryTier(c) for c in config.secondary_tiers]
+            self.tiering = TieringManager(self.manager, tiers)
         self._states: dict[int, _RequestState] = {}
         self._jobs: dict[int, TransferJob] = {}  # in flight
         self._next_job_id = 0
@@ -94,12 +104,16 @@ class OffloadConnector:
     # --- requests ---------------------------------------------------------------------------
 
     def on_new_request(self, seq: Sequence) -> None:
-        self._states[seq.seq_id] = _RequestState(seq)
+        st = self._states[seq.seq_id] = _RequestState(seq)
+        if self.tiering is not None:
+            self.tiering.on_new_request(st.ctx, seq.seq_id)
 
     def has_pending_work(self) -> bool:
         """Jobs in flight, or finished requests whose last stores are still to be made: the
         engine must keep stepping (vLLM: has_pending_push_work, and finished_req_ids still
-        to reach the connector)."""
+        to reach the connector); with secondary tiers, their jobs in flight too."""
+        if self.tiering is not None and self.tiering.has_pending_work():
+            return True
         return bool(self._jobs or self._finished_since_meta)
 
     def _update_offload_keys(self, st: _RequestState) -> None:
@@ -139,12 +153,17 @@ class OffloadConnector:
         end = min(-(-max_hit // tpc), len(keys))
         num_hit_chunks = 0
         pending = False
-        for key in keys[start:end]:
-            result = self.manager.lookup(key)
-            if result is MISS:
-                break
-            num_hit_chunks += 1
-            pending |= result is HIT_PENDING
+        if self.tiering is not None:
+            num_hit_chunks, pending, retry = self.tiering.prefix_lookup(keys[start:end], st.ctx)
+            if retry:
+                return None  # a secondary tier's probe is on its way
+        else:
+            for key in keys[start:end]:
+                result = self.manager.lookup(key)
+                if result is MISS:
+                    break
+                num_hit_chunks += 1
+                pending |= result is HIT_PENDING
         if num_hit_chunks == 0:
             return 0
         if not pending:
@@ -178,7 +197,10 @@ class OffloadConnector:
         keys = tuple(st.offload_keys[first_block // bpc : num_chunks])
         # vLLM's CHUNK_LEVEL policy: chunks hit (locally or loaded) are not offered again.
         st.next_stored_chunk = num_chunks
-        self.manager.prepare_load(keys, st.ctx)
+        if self.tiering is not None:
+            self.tiering.prepare_load(keys, st.ctx)
+        else:
+            self.manager.prepare_load(keys, st.ctx)
         job = TransferJob(
             self._new_job_id(), seq.seq_id, False, keys, tuple(table[first_block:num_gpu_blocks])
         )
@@ -208,6 +230,9 @@ class OffloadConnector:
         whole tables are new to the worker); ``preempted``: who was preempted."""
         allocated = self._batch_allocated
         admitted_ids = {seq.seq_id for seq in admitted}
+        tiering = self.tiering
+        if tiering is not None:  # CPU chunks this step's promotions evicted come first
+            self._batch_evicted[:0] = tiering.take_evicted()
         for seq in scheduled:
             st = self._states[seq.seq_id]
             if st.next_stored_chunk < self._max_chunks(seq):
@@ -251,9 +276,14 @@ class OffloadConnector:
                         jobs_to_flush.add(job.job_id)
         for st in finished:
             st.signaled = True
-            self.manager.on_request_finished(st.ctx)
+            if tiering is not None:
+                tiering.on_request_finished(st.ctx)
+            else:
+                self.manager.on_request_finished(st.ctx)
             if not st.transfer_jobs:
                 del self._states[st.seq.seq_id]
+        if tiering is not None:
+            tiering.on_schedule_end()  # vLLM: the step's last manager call
         meta = ConnectorMeta(self._batch_loads, store_jobs, jobs_to_flush, self._batch_evicted)
         self._batch_evicted = []
         self._batch_loads = []
@@ -287,7 +317,10 @@ class OffloadConnector:
         if num_chunks <= start:
             return None
         offered = st.offload_keys[start:num_chunks]
-        out = self.manager.prepare_store(offered, st.ctx)
+        if self.tiering is not None:
+            out = self.tiering.prepare_store(offered, st.ctx)
+        else:
+            out = self.manager.prepare_store(offered, st.ctx)
         if out is None:
             return None  # the tier is full of pinned chunks: offered again next step
         st.next_stored_chunk = num_chunks
@@ -329,12 +362,19 @@ class OffloadConnector:
         them, in the order given."""
         done: list[TransferJob] = []
         pending = self._block_pending_jobs
+        if self.tiering is not None:
+            # A store's completion submits its cascades, numbered in this order: job-id order
+            # (the reference driver hands vLLM a step's completions so).
+            completed_jobs = sorted(completed_jobs)
         for job_id in completed_jobs:
             job = self._jobs.pop(job_id)
             done.append(job)
             st = self._states[job.seq_id]
             if job.is_store:
-                self.manager.complete_store(job.keys)
+                if self.tiering is not None:
+                    self.tiering.complete_store(job.keys, st.ctx)
+                else:
+                    self.manager.complete_store(job.keys)
             else:
                 self.manager.complete_load(job.keys)
                 if self._chunks_being_loaded:

@@ -72,6 +72,9 @@ def _add_offload_columns(
         after = name
     steps["offload_tier_chunks"] = offload.step_tier_chunks[: len(steps)]
     steps["offload_tier_evictions"] = offload.step_tier_evictions[: len(steps)]
+    for tier in offload.secondary:  # a column pair per secondary tier (none without)
+        steps[f"offload_{tier.name}_chunks"] = tier.step_chunks[: len(steps)]
+        steps[f"offload_{tier.name}_evictions"] = tier.step_evictions[: len(steps)]
     prefix_cache["offload"] = offload_summary(
         adm, offload, columns["offload_load_wait_s"], result.block_size
     )

@@ -22,7 +22,7 @@ from engine.core.events import Columns
 from kvsim.analysis.load import distribution
 from kvsim.analysis.prefix_metrics import Admissions
 from kvsim.analysis.table import Table
-from kvsim.sim.records import OffloadRecords
+from kvsim.sim.records import OffloadRecords, SecondaryTierRecords
 
 
 def _per_seq_first(
@@ -114,7 +114,7 @@ def offload_summary(
         and j.completed_s - j.submitted_s > records.load_recompute_s.get(j.job.job_id, np.inf)
     )
     capacity = records.tier_capacity_chunks
-    return {
+    out = {
         "tier": "cpu",
         "capacity_chunks": capacity,
         "chunk_tokens": records.blocks_per_chunk * block_size,
@@ -139,6 +139,45 @@ def offload_summary(
         "tier_evictions": int(records.step_tier_evictions[-1])
         if len(records.step_tier_evictions)
         else 0,
+    }
+    if records.secondary:  # only with --kv-offload-tier: a CPU-only summary is unchanged
+        chunk_tokens = records.blocks_per_chunk * block_size
+        out["tiers"] = [secondary_summary(t, chunk_tokens) for t in records.secondary]
+    return out
+
+
+def secondary_summary(t: SecondaryTierRecords, chunk_tokens: int) -> dict[str, Any]:
+    """One secondary tier's entry of summary.json ``offload.tiers``: tokens it served (chunks
+    promoted for a request and then loaded by it, x tokens per chunk), its reads (promotions,
+    tier -> CPU) and writes (cascades, CPU -> tier), lookups, occupancy and evictions."""
+    moved: dict[str, dict[str, Any]] = {}
+    for name, promotion in (("reads", True), ("writes", False)):
+        jobs = [j for j in t.jobs if j.is_promotion is promotion]
+        times = np.array([j.completed_s - j.submitted_s for j in jobs if j.completed_s is not None])
+        moved[name] = {
+            "jobs": len(jobs),
+            "bytes": int(sum(j.nbytes for j in jobs)),
+            "chunks": int(sum(len(j.keys) if promotion else len(j.written) for j in jobs)),
+            "busy_s": float(times.sum()) if len(times) else 0.0,
+            "transfer_s": distribution(times),
+        }
+    chunks = t.step_chunks
+    return {
+        "tier": t.name,
+        "capacity_chunks": t.capacity_chunks,
+        "chunk_bytes": t.chunk_bytes,
+        "hit_tokens": t.loaded_chunks * chunk_tokens,
+        "chunks_promoted": t.promoted_chunks,
+        "chunks_loaded": t.loaded_chunks,
+        "lookups": t.stats.lookups,
+        "lookup_hits": t.stats.hits,
+        "reads": moved["reads"],
+        "writes": moved["writes"],
+        "chunks_mean": float(chunks.mean()) if len(chunks) else 0.0,
+        "chunks_peak": int(chunks.max()) if len(chunks) else 0,
+        "usage_peak": float(chunks.max() / t.capacity_chunks) if len(chunks) else 0.0,
+        "evictions": t.stats.evictions,
+        "chunks_dropped": t.stats.dropped,
     }
 
 
@@ -173,3 +212,41 @@ def transfers_table(records: OffloadRecords, block_size: int) -> Table:
         },
         categories={"kind": ("load", "store")},
     )
+
+
+def transfers_with_tiers(records: OffloadRecords, block_size: int) -> Table:
+    """transfers.parquet of a run with secondary tiers: the CPU link's jobs (tier "cpu") then
+    each secondary tier's (a promotion is a "load" into the CPU tier, a cascade a "store"
+    from it; no GPU blocks), with a ``tier`` column."""
+    base = transfers_table(records, block_size)
+    columns = {name: base[name] for name in base.columns}
+    names = ["cpu", *(t.name for t in records.secondary)]
+    tier = [np.zeros(len(base), np.int8)]
+    chunk_tokens = records.blocks_per_chunk * block_size
+    for i, t in enumerate(records.secondary, 1):
+        jobs, n = t.jobs, len(t.jobs)
+        done = np.fromiter(
+            (np.nan if j.completed_s is None else j.completed_s for j in jobs), np.float64, n
+        )
+        sub = np.fromiter((j.submitted_s for j in jobs), np.float64, n)
+        nchunks = np.fromiter(
+            (len(j.keys) if j.is_promotion else len(j.written) for j in jobs), np.int64, n
+        )
+        extra = {
+            "job": np.fromiter((j.job_id for j in jobs), np.int64, n),
+            "seq_id": np.full(n, -1, np.int64),
+            "kind": np.fromiter((0 if j.is_promotion else 1 for j in jobs), np.int8, n),
+            "gpu_blocks": np.zeros(n, np.int64),
+            "tokens": nchunks * chunk_tokens,
+            "chunks": nchunks,
+            "bytes": np.fromiter((j.nbytes for j in jobs), np.int64, n),
+            "submitted_s": sub,
+            "completed_s": done,
+            "transfer_s": done - sub,
+            "recompute_s": np.full(n, np.nan),
+        }
+        for name in columns:
+            columns[name] = np.concatenate([np.asarray(columns[name]), extra[name]])
+        tier.append(np.full(n, i, np.int8))
+    columns["tier"] = np.concatenate(tier)
+    return Table(columns, categories={"kind": ("load", "store"), "tier": tuple(names)})

@@ -164,6 +164,13 @@ def _offload_rows(s: dict[str, Any], requests: Any) -> list[tuple[str, str]]:
          f"{_gib(o['loads']['bytes'])} / {_gib(o['stores']['bytes'])} "
          f"({o['tier_evictions']:,} chunks evicted from the tier)"),
     ]  # fmt: skip
+    for t in o.get("tiers", ()):
+        rows.append(
+            (f"{t['tier']} tier: hit tokens / read / written",
+             f"{t['hit_tokens']:,} / {_gib(t['reads']['bytes'])} / {_gib(t['writes']['bytes'])} "
+             f"({t['chunks_peak']:,} of {t['capacity_chunks']:,} chunks at peak, "
+             f"{t['evictions']:,} evicted)")
+        )  # fmt: skip
     if requests is not None:
         from kvsim.analysis.offload_tables import loading_share
 

@@ -208,3 +208,137 @@ def plan_offload(
         policy=policy,
         link=link,
     )
+
+
+# --- secondary tiers (--kv-offload-tier NAME:SIZE[:READ_GBPS:WRITE_GBPS:LATENCY_US]) ----------
+
+# A secondary tier's device: its link preset (LINK_PRESETS above, with the sources in
+# docs/offload.md). Its transfers run between the tier and host memory (vLLM's secondary
+# tiers read and write the CPU tier's memory, never the GPU's), so the drive is the link.
+TIER_PRESETS = MappingProxyType({"disk": "nvme-gen4", "sata": "sata-ssd"})
+TIER_OPTION = "--kv-offload-tier"
+_SIZE_UNITS = {
+    "": GIB,  # a bare number is GiB, as --kv-offloading-size
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": GIB,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+MAX_TIER_BYTES = 1 << 60  # an EiB: beyond any one server's disks
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """One secondary tier as the user gave it: ``name``, ``size_bytes``, and its link
+    (bytes/s tier -> CPU, bytes/s CPU -> tier, s)."""
+
+    name: str
+    size_bytes: int
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    latency_s: float
+
+
+def _bad(spec: str, why: str) -> CostModelError:
+    return CostModelError(
+        f"{TIER_OPTION} {spec!r}: {why} (expected NAME:SIZE[:READ_GBPS:WRITE_GBPS:LATENCY_US], "
+        f"e.g. disk:2TiB; NAME {' or '.join(TIER_PRESETS)}, or any name with all three numbers)"
+    )
+
+
+def _number(spec: str, text: str, what: str, *, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _bad(spec, f"{what} {text!r} is not a number") from None
+    if not (0 <= value < float("inf")) or (positive and value == 0):
+        raise _bad(spec, f"{what} must be {'> 0' if positive else '>= 0'}, got {text}")
+    return value
+
+
+def parse_size_bytes(spec: str, text: str) -> int:
+    """``text`` ("2TiB", "500GB", "64": GiB) in bytes."""
+    t = text.strip().lower()
+    digits = t.rstrip("kmgtib")
+    unit = t[len(digits) :]
+    try:
+        float(digits)
+    except ValueError:
+        digits = ""
+    if unit not in _SIZE_UNITS or not digits:
+        raise _bad(spec, f"size {text!r} is not a number with a unit (B, GiB, TiB, GB, TB...)")
+    size = _number(spec, digits, "size", positive=True) * _SIZE_UNITS[unit]
+    if size > MAX_TIER_BYTES:
+        raise _bad(spec, f"size {text} is above an EiB")
+    return int(size)
+
+
+def parse_tier_specs(value: str) -> tuple[TierSpec, ...]:
+    """The secondary tiers of ``--kv-offload-tier`` (a comma list, in lookup order: vLLM's
+    ``secondary_tiers`` list)."""
+    tiers: list[TierSpec] = []
+    for spec in value.split(","):
+        parts = spec.strip().split(":")
+        if len(parts) not in (2, 5) or not parts[0]:
+            raise _bad(spec, "give a name and a size, and either all three link numbers or none")
+        name, size_text = parts[0], parts[1]
+        size = parse_size_bytes(spec, size_text)
+        if len(parts) == 5:
+            read = _number(spec, parts[2], "READ_GBPS", positive=True) * GB
+            write = _number(spec, parts[3], "WRITE_GBPS", positive=True) * GB
+            latency = _number(spec, parts[4], "LATENCY_US", positive=False) / 1e6
+        else:
+            preset = TIER_PRESETS.get(name)
+            if preset is None:
+                raise _bad(spec, f"unknown tier {name!r} without link numbers")
+            link = LINK_PRESETS[preset]
+            read, write, latency = link.read_bytes_per_s, link.write_bytes_per_s, link.latency_s
+        if name in (t.name for t in tiers) or name == "cpu":
+            raise _bad(spec, f"tier name {name!r} is used twice")
+        tiers.append(TierSpec(name, size, read, write, latency))
+    return tuple(tiers)
+
+
+@dataclass(frozen=True, slots=True)
+class SecondaryTierPlan:
+    """A secondary tier sized in CPU chunks: ``num_chunks`` of ``chunk_bytes`` (the CPU
+    tier's page-aligned chunk: what vLLM's fs tier writes per key)."""
+
+    name: str
+    size_bytes: int
+    num_chunks: int
+    chunk_bytes: int
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    latency_s: float
+
+
+def plan_secondary_tiers(
+    specs: tuple[TierSpec, ...], chunk_bytes: int
+) -> tuple[SecondaryTierPlan, ...]:
+    """Each tier of ``specs`` holds ``size // chunk_bytes`` chunks (at least one)."""
+    plans = []
+    for s in specs:
+        num_chunks = s.size_bytes // chunk_bytes
+        if num_chunks < 1:
+            raise CostModelError(
+                f"{TIER_OPTION} {s.name}: {s.size_bytes:,} bytes hold no chunk of "
+                f"{chunk_bytes:,} bytes"
+            )
+        plans.append(
+            SecondaryTierPlan(
+                s.name,
+                s.size_bytes,
+                num_chunks,
+                chunk_bytes,
+                s.read_bytes_per_s,
+                s.write_bytes_per_s,
+                s.latency_s,
+            )
+        )
+    return tuple(plans)

@@ -228,6 +228,16 @@ def offload_rows(s: dict[str, Any], requests: Any = None) -> list[tuple[str, str
         ),
         ("tier evictions (chunks)", _fmt(o["tier_evictions"])),
     ]
+    for t in o.get("tiers", ()):  # secondary tiers (--kv-offload-tier), behind the CPU tier
+        name = t["tier"]
+        rows += [
+            (f"{name} tier: tokens served / chunks promoted", f"{_fmt(t['hit_tokens'])} / "
+             f"{_fmt(t['chunks_promoted'])}"),
+            (f"{name} tier: read / written", f"{_gib(t['reads']['bytes'])} / "
+             f"{_gib(t['writes']['bytes'])} (read p50 {_ms(t['reads']['transfer_s'].get('p50'))})"),
+            (f"{name} tier: chunks peak / evictions", f"{_fmt(t['chunks_peak'])} "
+             f"({t['usage_peak']:.1%} of capacity) / {_fmt(t['evictions'])}"),
+        ]  # fmt: skip
     return rows
 
 

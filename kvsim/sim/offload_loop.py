@@ -24,7 +24,7 @@ import simpy
 
 from engine.offload.worker import OffloadWorker
 from kvsim.costmodel.model import BatchShape
-from kvsim.sim.records import OffloadRecords
+from kvsim.sim.records import OffloadRecords, SecondaryTierRecords
 
 Progress = Any  # kvsim.sim.simulation.Progress (that module imports this one)
 
@@ -36,6 +36,8 @@ class TierTrace:
     def __init__(self) -> None:
         self.chunks = array("q")
         self.evictions = array("q")
+        self.tier_chunks: list[array[int]] = []  # per secondary tier, as chunks
+        self.tier_evictions: list[array[int]] = []
         self.recompute_s: dict[int, float] = {}  # load job id -> seconds
 
     def price_loads(self, executor: Any, loads: list[Any], sched: Any) -> None:
@@ -52,6 +54,14 @@ class TierTrace:
         manager = sched.connector.manager
         self.chunks.append(manager.num_held)
         self.evictions.append(manager.num_evicted)
+        tiering = sched.connector.tiering
+        if tiering is not None:
+            if not self.tier_chunks:
+                self.tier_chunks = [array("q") for _ in tiering.tiers]
+                self.tier_evictions = [array("q") for _ in tiering.tiers]
+            for i, tier in enumerate(tiering.tiers):
+                self.tier_chunks[i].append(tier.num_held)
+                self.tier_evictions[i].append(tier.stats.evictions)
 
 
 def offload_engine_loop(
@@ -60,6 +70,8 @@ def offload_engine_loop(
     """``sim``'s engine loop (a kvsim.sim.simulation.Simulation) when its scheduler offloads
     (module docstring)."""
     env, sched, executor = sim.env, sim.scheduler, sim.executor
+    # Secondary tiers run on the scheduler's clock: it reads it at schedule() and update().
+    tiering = sched.connector.tiering
     while True:
         if not sched.has_unfinished():
             if sim._all_submitted:
@@ -67,6 +79,8 @@ def offload_engine_loop(
             sim._wake = env.event()
             yield sim._wake
             continue
+        if tiering is not None:
+            tiering.now = env.now
         out = sched.schedule()
         meta = out.connector_meta
         assert meta is not None
@@ -80,7 +94,9 @@ def offload_engine_loop(
             idle = not out.rejected and not out.preempted and not meta.store_jobs
             # (this step may have ended the connector's last work: then nothing is left)
             if idle and sched.has_unfinished():
-                yield from _idle_until_next(sim, worker)
+                yield from _idle_until_next(sim, worker, tiering)
+            if tiering is not None:
+                tiering.now = env.now
             for seq in sched.update(out, [], worker.poll(env.now)):
                 sim._finish_seq(seq)
             continue
@@ -89,6 +105,8 @@ def offload_engine_loop(
         sim._record_step(out, dt)
         trace.record(sched)
         yield from sim._advance_clock(dt)
+        if tiering is not None:
+            tiering.now = env.now
         for seq in sched.update(out, tokens, completed):
             sim._finish_seq(seq)
         if sim._on_step_end is not None:
@@ -96,11 +114,18 @@ def offload_engine_loop(
         sim._report(progress)
 
 
-def _idle_until_next(sim: Any, worker: OffloadWorker) -> Generator[simpy.Event, Any, None]:
-    """Nothing runs: wait for the next transfer completion or the next arrival."""
+def _idle_until_next(
+    sim: Any, worker: OffloadWorker, tiering: Any = None
+) -> Generator[simpy.Event, Any, None]:
+    """Nothing runs: wait for the next transfer completion (any tier's) or the next
+    arrival; not at all while a secondary tier's lookup answers wait for the next step."""
     env = sim.env
     sim._wake = env.event()
     due = worker.next_completion_time()
+    if tiering is not None:
+        tier_due = tiering.next_event_time()
+        if tier_due is not None:
+            due = tier_due if due is None else min(due, tier_due)
     if due is None:
         yield sim._wake
     else:
@@ -121,7 +146,31 @@ def offload_records(sim: Any, trace: TierTrace) -> OffloadRecords | None:
         step_tier_chunks=np.frombuffer(trace.chunks, dtype=np.int64).copy(),
         step_tier_evictions=np.frombuffer(trace.evictions, dtype=np.int64).copy(),
         load_recompute_s=trace.recompute_s,
+        secondary=_secondary_records(connector.tiering, trace),
     )
+
+
+def _secondary_records(tiering: Any, trace: TierTrace) -> list[SecondaryTierRecords]:
+    if tiering is None:
+        return []
+    out = []
+    for i, tier in enumerate(tiering.tiers):
+        chunks = trace.tier_chunks[i] if trace.tier_chunks else array("q")
+        evictions = trace.tier_evictions[i] if trace.tier_evictions else array("q")
+        out.append(
+            SecondaryTierRecords(
+                name=tier.name,
+                capacity_chunks=tier.config.num_chunks,
+                chunk_bytes=tier.config.chunk_bytes,
+                jobs=tier.history,
+                stats=tier.stats,
+                promoted_chunks=tiering.promoted_chunks[i],
+                loaded_chunks=tiering.loaded_chunks[i],
+                step_chunks=np.frombuffer(chunks, dtype=np.int64).copy(),
+                step_evictions=np.frombuffer(evictions, dtype=np.int64).copy(),
+            )
+        )
+    return out
 
 
 def prefill_time_s(executor: Any, tokens: int, cached: int, block_size: int) -> float:

@@ -9,20 +9,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.offload.connector import OffloadConfig
+from engine.offload.secondary_tier import SecondaryTierConfig
 from engine.offload.transfer import TransferLink
 from engine.offload.worker import OffloadWorker
 from kvsim.config import RunConfig, offload_plan
 from kvsim.costmodel import CostModel
-from kvsim.costmodel.offload import OffloadPlan
+from kvsim.costmodel.offload import (
+    OffloadPlan,
+    SecondaryTierPlan,
+    parse_tier_specs,
+    plan_secondary_tiers,
+)
 from kvsim.option_spec import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
 class OffloadSetup:
-    """A run's CPU tier: ``plan`` (sizes, link) and the engine config built from it."""
+    """A run's CPU tier: ``plan`` (sizes, link) and the engine config built from it;
+    ``tiers``: the secondary tiers behind it (--kv-offload-tier), none by default."""
 
     plan: OffloadPlan
     engine_config: OffloadConfig
+    tiers: tuple[SecondaryTierPlan, ...] = ()
 
     def worker(self) -> OffloadWorker:
         """A fresh worker on a fresh link (one per simulation)."""
@@ -33,8 +41,12 @@ class OffloadSetup:
         )
 
     def describe(self) -> dict[str, Any]:
-        """The plan as config.json's resolved section shows it."""
-        return dataclasses.asdict(self.plan)
+        """The plan as config.json's resolved section shows it (secondary tiers only when
+        there are some: a CPU-only run's config.json is unchanged)."""
+        out = dataclasses.asdict(self.plan)
+        if self.tiers:
+            out["secondary_tiers"] = [dataclasses.asdict(t) for t in self.tiers]
+        return out
 
 
 def build_offload(config: RunConfig, cost_model: CostModel) -> OffloadSetup | None:
@@ -47,7 +59,26 @@ def build_offload(config: RunConfig, cost_model: CostModel) -> OffloadSetup | No
         raise ConfigError("--kv-offloading-size needs --scheduler v1 (vLLM's offloading connector)")
     if config.replicas > 1:
         raise ConfigError("--kv-offloading-size is not supported with --replicas > 1 yet")
+    if config.kv_offload_tier is None:
+        engine_config = OffloadConfig(
+            num_chunks=plan.num_chunks, blocks_per_chunk=plan.blocks_per_chunk, policy=plan.policy
+        )
+        return OffloadSetup(plan, engine_config)
+    tiers = plan_secondary_tiers(parse_tier_specs(config.kv_offload_tier), plan.chunk_bytes)
     engine_config = OffloadConfig(
-        num_chunks=plan.num_chunks, blocks_per_chunk=plan.blocks_per_chunk, policy=plan.policy
+        num_chunks=plan.num_chunks,
+        blocks_per_chunk=plan.blocks_per_chunk,
+        policy=plan.policy,
+        secondary_tiers=tuple(
+            SecondaryTierConfig(
+                t.name,
+                t.num_chunks,
+                t.chunk_bytes,
+                t.read_bytes_per_s,
+                t.write_bytes_per_s,
+                t.latency_s,
+            )
+            for t in tiers
+        ),
     )
-    return OffloadSetup(plan, engine_config)
+    return OffloadSetup(plan, engine_config, tiers)

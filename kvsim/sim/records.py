@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,3 +62,21 @@ class OffloadRecords:
     step_tier_evictions: np.ndarray  # chunks evicted from the tier by then (cumulative)
     # load job id -> seconds a lone prefill of its tokens would take instead (the run's model)
     load_recompute_s: dict[int, float] = dataclasses.field(default_factory=dict)
+    # the secondary tiers behind the CPU tier (--kv-offload-tier), in lookup order
+    secondary: list[SecondaryTierRecords] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class SecondaryTierRecords:
+    """What one secondary tier did (engine/offload/secondary_tier.py): its jobs (promotions:
+    tier -> CPU, cascades: CPU -> tier), totals, and its chunks per executed step."""
+
+    name: str
+    capacity_chunks: int
+    chunk_bytes: int
+    jobs: list[Any]  # engine.offload.secondary_tier.TierJob, in submission order
+    stats: Any  # engine.offload.secondary_tier.TierStats
+    promoted_chunks: int  # chunks promoted into the CPU tier for a request's lookup
+    loaded_chunks: int  # of those, chunks the requests then loaded into the GPU
+    step_chunks: np.ndarray  # chunks it held as each step was scheduled
+    step_evictions: np.ndarray  # chunks it evicted by then (cumulative)

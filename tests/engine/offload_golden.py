@@ -134,6 +134,7 @@ def check_consistency(golden: OffloadGolden) -> list[str]:
     completed: set[int] = set()
     tier: set[Chunk] = set()
     ready: set[Chunk] = set()
+    promotions: dict[int, set[Chunk]] = {}
     last_end = 0.0
     bpc = int(golden.config["offload"]["blocks_per_chunk"])
     for s in golden.steps:
@@ -143,6 +144,13 @@ def check_consistency(golden: OffloadGolden) -> list[str]:
         if not s.start_s <= s.forward_start_s <= s.end_s:
             problems.append(f"{where}: times out of order")
         last_end = s.end_s
+        # a disk tier's promotion makes its chunks ready in the CPU tier when it is reported
+        # done (in schedule(), before the step's loads are built)
+        for e in s.raw.get("disk_jobs", ()):
+            if e["event"] == "promotion":
+                promotions[e["job"]] = {parse_chunk(c) for c in e["chunks"]}
+            elif e["event"] == "done" and e["job"] in promotions:
+                ready |= promotions.pop(e["job"])
         for j in s.load_jobs:
             missing = [c for c in j.chunks if c not in ready]
             if missing:

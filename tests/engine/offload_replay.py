@@ -24,6 +24,7 @@ from v1_replay import SAMPLED, golden_scheduler_config, load_trace, make_sequenc
 from engine import BlockManager
 from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
+from engine.offload.secondary_tier import SecondaryTierConfig
 from engine.offload.transfer import TransferLink
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
@@ -65,8 +66,13 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
     sched = OffloadingV1Scheduler(
         golden_scheduler_config(config),
         bm,
-        offload=OffloadConfig(oc["num_cpu_chunks"], bpc, oc["eviction_policy"]),
+        offload=OffloadConfig(
+            oc["num_cpu_chunks"], bpc, oc["eviction_policy"], secondary_tiers=_disk_tiers(oc)
+        ),
     )
+    tiering = sched.connector.tiering
+    if tiering is not None:
+        tiering.log = []
     names = _chunk_names(rows, bs, bpc)
     seq_of = {str(row["request_id"]): i for i, row in enumerate(rows)}
     name_of = {i: str(row["request_id"]) for i, row in enumerate(rows)}
@@ -108,6 +114,8 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
             seq = make_sequence({**row, "request_id": seq_of[name]}, bs)
             seqs[name] = seq
             sched.add_request(seq)
+        if tiering is not None:  # the disk tier's clock: the schedule() time
+            tiering.now = now if own_clock else gs.raw["disk_clock"][0]
         out = sched.schedule()
         meta = out.connector_meta
         assert meta is not None
@@ -121,6 +129,9 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
             else:
                 now = forward
                 due = worker.next_completion_time()
+                tier_due = tiering.next_event_time() if tiering is not None else None
+                if tier_due is not None:
+                    due = tier_due if due is None else min(due, tier_due)
                 if not meta.store_jobs and due is not None:
                     arrival = rows[next_row]["arrival_time_s"] if next_row < len(rows) else due
                     now = max(now, min(due, arrival))
@@ -161,14 +172,59 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
             differ(n, "CPU tier contents", sorted(held), sorted(gs.cpu_chunks))
         in_flight = [j for j in completed if sched.connector.has_job(j)]
         differ(n, "completed jobs kvsim knows", in_flight, completed)
+        if tiering is not None:  # update_from_output's time: the step's end
+            tiering.now = now if own_clock else gs.raw["disk_clock"][1]
         finished = sched.update(out, [SAMPLED] * len(out.seqs), in_flight)
+        if tiering is not None:
+            _compare_disk(n, tiering, gs.raw, names, name_of, differ)
         done = sorted(name_of[s.seq_id] for s in finished)
         differ(n, "finished", done, sorted(gs.raw["finished"]))
         compared += 1
         idle = own_clock and not out.num_batched_tokens and not worker.has_work()
+        idle = idle and (tiering is None or tiering.next_event_time() is None)
         if idle and not in_flight and next_row < len(rows) and not out.preempted:
             now = max(now, rows[next_row]["arrival_time_s"])  # idle until an arrival
     return OffloadReplay(compared, diffs, sched)
+
+
+def _disk_tiers(oc: dict[str, Any]) -> tuple[SecondaryTierConfig, ...]:
+    """The golden's disk tier (the driver's TimedFsTier: vLLM's fs tier has no capacity)."""
+    tiers = oc["kv_connector_extra_config"].get("secondary_tiers", ())
+    return tuple(
+        SecondaryTierConfig(
+            "disk",
+            1 << 62,
+            oc["disk_chunk_bytes"],
+            t["read_gbps"] * 1e9,
+            t["write_gbps"] * 1e9,
+            t["latency_us"] * 1e-6,
+        )
+        for t in tiers
+    )
+
+
+def _compare_disk(
+    n: int, tiering: Any, raw: dict[str, Any], names: dict[int, Chunk], name_of: Any, differ: Any
+) -> None:
+    """The disk tier's jobs this step (promotions, completions reported, cascades, in
+    order), how many chunks it holds and, on snapshot steps, which."""
+    got = []
+    for event, job_id, seq_id, keys in tiering.log:
+        if event == "done":
+            got.append({"event": event, "job": job_id})
+        else:
+            chunks = sorted(f"{c[0]}:{c[1]}" for c in (names[k] for k in keys))
+            got.append(
+                {"event": event, "job": job_id, "request": name_of[seq_id], "chunks": chunks}
+            )
+    tiering.log.clear()
+    want = [{**j, "chunks": sorted(j["chunks"])} if "chunks" in j else j for j in raw["disk_jobs"]]
+    differ(n, "disk jobs", got, want)
+    disk = tiering.tiers[0]
+    differ(n, "disk chunks", disk.num_held - disk._reserved, raw["disk_num_chunks"])
+    if "disk_chunks" in raw:
+        held = sorted(f"{c[0]}:{c[1]}" for c in (names[k] for k in disk.stored_keys()))
+        differ(n, "disk contents", held, sorted(raw["disk_chunks"]))
 
 
 def _step_time(config: dict[str, Any]) -> tuple[float, float]:

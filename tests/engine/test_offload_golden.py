@@ -22,9 +22,16 @@ from offload_golden import (
 FILES = sorted(GOLDEN.glob("*.steps.jsonl.gz"))
 
 
-def test_the_four_goldens_ship() -> None:
+def test_the_goldens_ship() -> None:
     names = {p.name.removesuffix(".steps.jsonl.gz") for p in FILES}
-    assert names == {"handmade", "mooncake_lru", "mooncake_arc", "mooncake_chunk4"}
+    assert names == {
+        "handmade",
+        "mooncake_lru",
+        "mooncake_arc",
+        "mooncake_chunk4",
+        "handmade_disk",
+        "mooncake_disk",
+    }
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])

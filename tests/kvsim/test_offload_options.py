@@ -38,7 +38,7 @@ def kvsim(*args: str | Path) -> Result:
 def test_without_offload_config_json_has_no_offload_keys(tmp_path: Path) -> None:
     """A run without offload writes the config.json it wrote before the options existed;
     --kv-offloading-size 0 is the same run, byte for byte."""
-    assert len(OFFLOAD_FIELDS) == 7
+    assert len(OFFLOAD_FIELDS) == 8
     absent, zero = tmp_path / "absent", tmp_path / "zero"
     assert kvsim("run", TRACE, *QUICK, "--out", absent).exit_code == 0
     result = kvsim("run", TRACE, *QUICK, "--kv-offloading-size", "0", "--out", zero)

@@ -70,12 +70,71 @@ MOONCAKE_OPTIONS = [
     "2000",
 ]
 MOONCAKE_SLICE = "mooncake_300_le8k_out32"
+# vLLM's tiering spec with a disk tier behind a small CPU tier (offload_tier.TimedFsTier: the
+# fs tier's rules, transfers on the model): a slow disk in the hand-made case, NVMe numbers
+# behind a CPU tier of 512 chunks (re-use beyond the CPU tier's capacity) on the slice.
+HANDMADE_DISK = [
+    "--block-size",
+    "16",
+    "--num-blocks",
+    "41",
+    "--max-num-seqs",
+    "4",
+    "--max-num-batched-tokens",
+    "256",
+    "--cpu-bytes",
+    str(16 * MIB2),  # 16 chunks of one 16-token block
+    "--read-gbps",
+    "25",
+    "--write-gbps",
+    "25",
+    "--link-latency-us",
+    "10",
+    "--disk-tier",
+    "--disk-read-gbps",
+    "1",
+    "--disk-write-gbps",
+    "0.5",
+    "--disk-latency-us",
+    "100",
+    "--cpu-snapshot-every",
+    "5",
+]
+MOONCAKE_DISK = [
+    "--block-size",
+    "64",
+    "--num-blocks",
+    "200",
+    "--max-num-seqs",
+    "64",
+    "--max-num-batched-tokens",
+    "8192",
+    "--cpu-bytes",
+    str(512 * 4 * MIB2),  # 512 chunks of 8 MiB (64 tokens)
+    "--read-gbps",
+    "25",
+    "--write-gbps",
+    "25",
+    "--link-latency-us",
+    "10",
+    "--disk-tier",
+    "--disk-read-gbps",
+    "7",
+    "--disk-write-gbps",
+    "5",
+    "--disk-latency-us",
+    "80",
+    "--cpu-snapshot-every",
+    "500",
+]
 
 # name -> (trace, driver options)
 CONFIGS: dict[str, tuple[str, list[str]]] = {
     "handmade": ("handmade", HANDMADE),
     "mooncake_lru": (MOONCAKE_SLICE, [*MOONCAKE_OPTIONS, "--offload-policy", "lru"]),
     "mooncake_arc": (MOONCAKE_SLICE, [*MOONCAKE_OPTIONS, "--offload-policy", "arc"]),
+    "handmade_disk": ("handmade_disk", HANDMADE_DISK),
+    "mooncake_disk": (MOONCAKE_SLICE, MOONCAKE_DISK),
     "mooncake_chunk4": (
         MOONCAKE_SLICE,
         [
@@ -150,6 +209,47 @@ def handmade_trace() -> list[dict[str, object]]:
     ]
 
 
+def handmade_disk_trace() -> list[dict[str, object]]:
+    """Phases (16-token blocks = chunks; 40 GPU blocks, 16 CPU chunks, a slow disk): A stores
+    a prefix S (cascaded to the disk); B's fillers push S out of the GPU cache and the CPU
+    tier; C re-uses S: the disk's first answer is "not yet" (a probe), then S is promoted
+    into the CPU tier and loaded from there, a second request with S waits for the
+    promotion; D re-uses a filler's prefix whose disk write is still in flight (the probe
+    answers a miss, which the request keeps); E re-uses S again while the CPU tier still
+    holds it (no disk lookup)."""
+    next_id = [5000]
+
+    def fresh(n: int) -> list[int]:
+        ids = list(range(next_id[0], next_id[0] + n))
+        next_id[0] += n
+        return ids
+
+    s = list(range(100, 108))  # S: 8 blocks
+    fill = [fresh(12) for _ in range(4)]
+    rows: list[tuple[float, list[int], int]] = [
+        (0.0, s + fresh(2), 3),  # A: stores S, cascaded to the disk
+        (0.3, fill[0], 2),  # B: fillers push S out of the GPU and CPU tiers
+        (0.3, fill[1], 2),
+        (0.35, fill[2], 2),
+        (0.6, s + fresh(2), 3),  # C: S from the disk: probe, promotion, load
+        (0.6, s + fresh(3), 3),  # ... a second request waits for the promotion
+        (0.62, fill[3], 2),  # another filler
+        (0.63, fill[3][:6] + fresh(4), 2),  # D: its prefix's disk write may be in flight
+        (1.2, s + fresh(1), 2),  # E: S again
+    ]
+    return [
+        {
+            "request_id": f"d{i}",
+            "arrival_time_s": t,
+            "prompt_tokens": 16 * len(ids),
+            "output_tokens": out,
+            "hash_ids": ids,
+            "hash_block_size": 16,
+        }
+        for i, (t, ids, out) in enumerate(rows)
+    ]
+
+
 def mooncake_slice(
     n: int, max_prompt_tokens: int, max_output_tokens: int, time_scale: float
 ) -> list[dict[str, object]]:
@@ -180,7 +280,11 @@ def mooncake_slice(
 
 
 def build_traces() -> dict[str, list[dict[str, object]]]:
-    return {"handmade": handmade_trace(), MOONCAKE_SLICE: mooncake_slice(300, 8192, 32, 0.1)}
+    return {
+        "handmade": handmade_trace(),
+        "handmade_disk": handmade_disk_trace(),
+        MOONCAKE_SLICE: mooncake_slice(300, 8192, 32, 0.1),
+    }
 
 
 def write_traces() -> None:
@@ -230,6 +334,14 @@ def record(python: str, driver: str, names: list[str]) -> None:
             f"evictions, external hit tokens {off['external_hit_tokens']}, prefix hit rate "
             f"{summary['prefix_hit_rate']:.4f}, {path.stat().st_size:,} bytes"
         )
+        if "final_disk_chunks" in off:
+            disk = [j for s in steps for j in s.get("disk_jobs", ())]
+            print(
+                f"  disk: {sum(j['event'] == 'cascade' for j in disk)} cascades, "
+                f"{sum(j['event'] == 'promotion' for j in disk)} promotions "
+                f"({sum(len(j['chunks']) for j in disk if j['event'] == 'promotion')} chunks), "
+                f"{len(off['final_disk_chunks'])} chunks on disk at the end"
+            )
 
 
 def main() -> None:
