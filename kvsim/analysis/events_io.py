@@ -151,6 +151,12 @@ class EventsWriteError(KvsimError, RuntimeError):
 
 # Rows per row group of events.parquet: about 12 MB of exploded rows held before a write.
 ROW_GROUP_ROWS = 1 << 18
+# Chunks waiting for the writer thread, in bytes: the whole Azure conversation trace's 20
+# chunks hold ~90 MB. With room for two chunks only, the simulation waited for the writer
+# whenever it was two chunks ahead (0.4-0.6 s of a loaded run); with room, the simulation
+# ends first and `kvsim run` writes the rest of its folder while the writer drains
+# (``RunResult.finish_events``).
+MAX_PENDING_BYTES = 64 << 20
 # Above this many rows the pictures do not read events.parquet back whole: the occupancy map
 # samples its blocks and the Gantt chart reads its requests' rows (kvsim/plots/large_runs.py).
 MAX_PLOTTED_EVENT_ROWS = 5_000_000
@@ -190,10 +196,18 @@ class EventsParquetWriter:
 
     The exploding and Parquet encoding run on a background thread (pyarrow encodes without
     the GIL), so on a machine with a spare core the simulation does not wait for them; at
-    most ``max_pending`` chunks wait in between, which bounds memory. A failure on that
-    thread is raised by the next ``write_chunk`` or by ``close``, never dropped."""
+    most ``max_pending`` chunks of at most ``max_pending_bytes`` between them (one chunk
+    may be larger alone) wait in between, which bounds memory. A failure on that thread is
+    raised by the next ``write_chunk`` or by ``close``, never dropped."""
 
-    def __init__(self, path: Path, max_pending: int = 2, *, block_hashes: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_pending: int = 64,
+        *,
+        block_hashes: bool = False,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+    ) -> None:
         """With ``block_hashes`` every chunk comes with its CACHE / EVICT blocks' keys, and
         the file has a ``block_hash`` column (a v1 run with prefix caching)."""
         self.path = Path(path)
@@ -204,9 +218,12 @@ class EventsParquetWriter:
         # once and reused (see _write), of which the first _num_held are rows not yet written.
         self._group: dict[str, np.ndarray] | None = None
         self._num_held = 0
-        self._pending: queue.Queue[tuple[Columns, np.ndarray, np.ndarray | None] | None] = (
+        self._pending: queue.Queue[tuple[Columns, np.ndarray, np.ndarray | None, int] | None] = (
             queue.Queue(max_pending)
         )
+        self._max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0  # of the chunks queued and not yet written
+        self._room = threading.Condition()
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._drain, name="kvsim-events-parquet", daemon=True
@@ -217,16 +234,26 @@ class EventsParquetWriter:
         self, cols: Columns, block_ids: np.ndarray, block_hashes: np.ndarray | None = None
     ) -> None:
         self._raise_if_failed()
+        size = sum(c.nbytes for c in cols.values()) + block_ids.nbytes
+        size += 0 if block_hashes is None else block_hashes.nbytes
+        with self._room:
+            while self._pending_bytes and self._pending_bytes + size > self._max_pending_bytes:
+                self._room.wait()
+            self._pending_bytes += size
         # the recorder never changes a chunk it handed out
-        self._pending.put((cols, block_ids, block_hashes))
+        self._pending.put((cols, block_ids, block_hashes, size))
 
     def _drain(self) -> None:
         while (item := self._pending.get()) is not None:
+            cols, block_ids, block_hashes, size = item
             if self._error is None:
                 try:
-                    self._write(*item)
+                    self._write(cols, block_ids, block_hashes)
                 except BaseException as error:  # re-raised on the caller's thread
                     self._error = error
+            with self._room:
+                self._pending_bytes -= size
+                self._room.notify()
 
     def _write(self, cols: Columns, block_ids: np.ndarray, hashes: np.ndarray | None) -> None:
         if self.block_hashes != (hashes is not None):
