@@ -30,15 +30,12 @@ from engine import BlockManager, Scheduler, SequenceStatus
 from engine.compiled import load
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.gc_passes import fewer_gc_passes
-from kvsim.sim.inline_clock import run_inline
+from kvsim.sim.inline_clock import IDLE, PENDING, WAIT, run_inline
 from kvsim.sim.records import SimResult
 from kvsim.sim.simulation import Progress, Simulation
 from workloads import Request
 
 REJECTED = SequenceStatus.FINISHED_REJECTED.value
-# V1Core.run's outcomes (csrc/sim_loop.hpp's LoopOutcome, _core.LOOP_OUTCOMES) that ask
-# the clock for something: sleep until an arrival, until woken, or wait for a pending step.
-IDLE, WAIT, PENDING = 0, 1, 2
 KeySource = Callable[[Request], tuple[list[int], int] | None]  # (hash_ids, hash_block_size)
 
 

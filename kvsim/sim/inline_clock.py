@@ -32,20 +32,41 @@ import heapq
 import itertools
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from kvsim.sim.compiled_v1 import CompiledV1Simulation
-    from kvsim.sim.simulation import Progress
+import simpy
+
+from engine.core.events import EventRecorder
+from kvsim.sim.simulation import Progress
+from workloads import Request
 
 ARRIVE, WAKE, STEP = 0, 1, 2
+# V1Core.run's outcomes (csrc/sim_loop.hpp's LoopOutcome, _core.LOOP_OUTCOMES) that ask
+# the clock for something: sleep until an arrival, until woken, or wait for a pending step.
+IDLE, WAIT, PENDING = 0, 1, 2
 
 
-def run_inline(sim: CompiledV1Simulation, progress: Progress | None) -> None:
+class InlineSimulation(Protocol):
+    """What ``run_inline`` uses of a CompiledV1Simulation (kvsim/sim/compiled_v1.py, which
+    imports this module)."""
+
+    env: simpy.Environment
+    core: Any  # engine.compiled's V1Core
+    requests: list[Request]
+    recorder: EventRecorder
+    _progress_every: int
+    _all_submitted: bool
+
+    def submit(self, request: Request) -> simpy.Event | None: ...
+    def _after_run(self) -> None: ...
+    def _finished(self, finished: list[tuple[int, str, str]]) -> None: ...
+    def _take_events(self, at_least: int) -> None: ...
+    def _report(self, progress: Progress | None) -> None: ...
+
+
+def run_inline(sim: InlineSimulation, progress: Progress | None) -> None:
     """Replay ``sim``'s requests to the end, as ``Simulation.run`` would under simpy (see the
     module docstring for when that holds: ``CompiledV1Simulation.inline_clock_applies``)."""
-    from kvsim.sim.compiled_v1 import IDLE, PENDING, WAIT
-
     env, core, requests = sim.env, sim.core, sim.requests
     chunk_size = sim.recorder.chunk_size
     report_every = sim._progress_every if progress is not None else 0
