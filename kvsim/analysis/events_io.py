@@ -213,6 +213,10 @@ class EventsParquetWriter:
         self.path = Path(path)
         self.block_hashes = block_hashes
         self._writer: pq.ParquetWriter | None = None
+        # The file, opened here (not by the ParquetWriter) so that close() closes it whatever
+        # fails: a writer left to the garbage collector after a failed write kept its file,
+        # and a full disk's mount, busy (kvsim run's folder is written while it drains).
+        self._sink: pa.NativeFile | None = None
         self.num_rows = 0
         # The next row group, filled chunk by chunk: ROW_GROUP_ROWS rows per column, made
         # once and reused (see _write), of which the first _num_held are rows not yet written.
@@ -263,7 +267,8 @@ class EventsParquetWriter:
             if hashes is not None:
                 self._group["block_hash"] = np.empty(ROW_GROUP_ROWS, np.int64)
             schema = _arrow_table({n: c[:0] for n, c in self._group.items()}).schema
-            self._writer = pq.ParquetWriter(self.path, schema, **parquet_options(schema.names))
+            self._sink = pa.OSFile(str(self.path), "wb")
+            self._writer = pq.ParquetWriter(self._sink, schema, **parquet_options(schema.names))
         # The rows go into the one row-group buffer, written whenever it is full (one
         # contiguous array per column: the pages, and so the bytes, do not depend on the
         # chunking). Concatenating each group's chunks in fresh Arrow memory instead
@@ -319,19 +324,24 @@ class EventsParquetWriter:
                 self._write_held()
             except BaseException as error:  # reported below, as the thread's errors are
                 self._error = error
-        if self._error is not None and self._writer is not None:
-            with contextlib.suppress(Exception):  # the write error below is what matters
-                self._writer.close()  # release the file (a full disk keeps it open otherwise)
-            self._writer = None
-        self._raise_if_failed()
-        if self._writer is None:
-            empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
-            none = np.empty(0, dtype=np.int64)
-            table = exploded_table(empty, none, none if self.block_hashes else None)
-            pq.write_table(table, self.path, **parquet_options(table.column_names))
-            return
-        self._writer.close()
-        self._writer = None
+        writer, self._writer = self._writer, None
+        try:
+            if self._error is not None and writer is not None:
+                with contextlib.suppress(Exception):  # the write error below is what matters
+                    writer.close()
+            self._raise_if_failed()
+            if writer is None:
+                empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
+                none = np.empty(0, dtype=np.int64)
+                table = exploded_table(empty, none, none if self.block_hashes else None)
+                pq.write_table(table, self.path, **parquet_options(table.column_names))
+                return
+            writer.close()
+        finally:
+            sink, self._sink = self._sink, None
+            if sink is not None:
+                with contextlib.suppress(Exception):  # a write error is raised already
+                    sink.close()
 
 
 class KeyedChunks:
