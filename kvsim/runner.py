@@ -69,6 +69,15 @@ class RunResult:
     # offloading run's "transfers": transfers.parquet)
     extra_tables: dict[str, Table] = field(default_factory=dict)
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
+    # run(finish_events_later=True): closes the events writer (see finish_events)
+    _finish_events: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def finish_events(self) -> None:
+        """Wait for ``events_path`` to be complete (raises the writer's error, if any), where
+        ``run(finish_events_later=True)`` left it being written; idempotent."""
+        finish, self._finish_events = self._finish_events, None
+        if finish is not None:
+            finish()
 
     def _frame(self, name: str, table: Table) -> pd.DataFrame:
         if name not in self._frames:
@@ -179,11 +188,15 @@ def run(
     *,
     keep_events: bool = True,
     on_start: Callable[[int], None] | None = None,
+    finish_events_later: bool = False,
 ) -> RunResult:
     """Simulate ``config``: cost mode here, engine mode in kvsim.engine_mode.
 
     With ``events_path`` the events are streamed to that Parquet file as the run goes (memory
-    stays bounded whatever the trace's length) and ``RunResult.events`` is None. Without
+    stays bounded whatever the trace's length) and ``RunResult.events`` is None; with
+    ``finish_events_later`` the file may still be being written when ``run`` returns: call
+    ``RunResult.finish_events()`` before reading it (the caller writes its other files
+    meanwhile). Without
     ``keep_events`` they are neither kept nor written (the metrics are computed all the same):
     for sweeps, where a small block size makes tens of millions of block rows. ``on_start``
     gets the number of requests to replay once the trace is loaded (a progress bar's total);
@@ -263,7 +276,7 @@ def run(
     return simulate(
         config, trace, num_blocks, max_model_len, executor, resolved, progress,
         events_path=events_path, keep_events=keep_events, on_start=on_start, limits=limits,
-        offload=offload,
+        offload=offload, finish_events_later=finish_events_later,
     )  # fmt: skip
 
 
@@ -368,10 +381,12 @@ def simulate(
     on_start: Callable[[int], None] | None = None,
     limits: SchedulingLimits | None = None,
     offload: OffloadSetup | None = None,
+    finish_events_later: bool = False,
 ) -> RunResult:
     """Replay ``trace`` with ``executor`` through ``scheduler`` (by default a fresh Scheduler
     and BlockManager built from ``config``, ``limits``, ``num_blocks`` and
-    ``max_model_len``, with ``offload``'s tier behind its prefix cache)."""
+    ``max_model_len``, with ``offload``'s tier behind its prefix cache); ``events_path`` and
+    ``finish_events_later`` as ``run``'s."""
     placeholder_tokens = getattr(executor, "placeholder_tokens", False)
     compiled = False
     if scheduler is None:
@@ -467,6 +482,7 @@ def simulate(
         consumers.append(keyed_chunks)
     if on_start is not None:
         on_start(len(trace.requests))
+    finished = False
     try:
         result = sim.run(progress)
         if keyed_chunks is not None:
@@ -476,16 +492,23 @@ def simulate(
         requests, steps, summary = measure(config, result, max_model_len, usage, block_states)
         events = events_frame(result, block_hashes=keyed) if not streamed else None
         marks = mark_events(result)
+        unarrived = unarrived_warning(
+            trace, int(summary["num_requests"]), config.until, config.rate
+        )
+        if unarrived is not None:  # --until stopped the run before the trace's last arrival
+            resolved.setdefault("warnings", []).append(unarrived)
+        extra: dict[str, Table] = {}
+        if result.offload is not None:
+            tables = transfers_with_tiers if result.offload.secondary else transfers_table
+            extra["transfers"] = tables(result.offload, result.block_size)
+        out = RunResult(
+            config, resolved, summary, requests, steps, events, events_path, marks,
+            extra_tables=extra,
+        )  # fmt: skip
+        if writer is not None and finish_events_later:
+            out._finish_events = writer.close
+        finished = True
     finally:
-        if writer is not None:
+        if writer is not None and not (finished and finish_events_later):
             writer.close()
-    unarrived = unarrived_warning(trace, int(summary["num_requests"]), config.until, config.rate)
-    if unarrived is not None:  # --until stopped the run before the trace's last arrival
-        resolved.setdefault("warnings", []).append(unarrived)
-    extra: dict[str, Table] = {}
-    if result.offload is not None:
-        tables = transfers_with_tiers if result.offload.secondary else transfers_table
-        extra["transfers"] = tables(result.offload, result.block_size)
-    return RunResult(
-        config, resolved, summary, requests, steps, events, events_path, marks, extra_tables=extra
-    )
+    return out

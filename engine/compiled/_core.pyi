@@ -216,3 +216,19 @@ class UsageTracker:
 def explode_events(
     cols: dict[str, np.ndarray], block_ids: np.ndarray, block_hashes: np.ndarray | None = None
 ) -> dict[str, np.ndarray]: ...
+
+EXPLODED_DTYPES: dict[str, type[np.generic]]
+
+class ExplodeCursor:
+    keyed: bool
+    rows: int
+    done_rows: int
+    def __init__(
+        self,
+        cols: dict[str, np.ndarray],
+        block_ids: np.ndarray,
+        block_hashes: np.ndarray | None = None,
+    ) -> None: ...
+    @property
+    def done(self) -> bool: ...
+    def fill(self, out: dict[str, np.ndarray], start: int) -> int: ...

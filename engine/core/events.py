@@ -350,20 +350,28 @@ class EventRecorder:
         """Hand a packed chunk to ``on_chunk`` and keep what the recorder keeps of it."""
         if self.on_chunk is not None:
             self.on_chunk(chunk, block_ids)
+        keep = None if self._keep_table is None else self._keep_table[chunk["kind"].view(np.uint8)]
+        # the kept events' positions, found once for every column, and first blocks for
+        # them alone (a streamed run keeps ~1 in 10 of its events): the whole Azure
+        # conversation trace's 20 chunks 42 -> 17.5 ms (medians of 9, interleaved)
+        kept = None if keep is None else np.flatnonzero(keep)
         if not self.keep_block_ids:
-            # each event's first block, read off the whole chunk: cheaper than filtering
-            # every block id by kind first
+            # each kept event's first block, read off the whole chunk's offsets: cheaper than
+            # filtering every block id by kind first
             counts = chunk["num_blocks"]
+            starts = np.cumsum(counts) - counts
+            if kept is not None:
+                counts, starts = counts[kept], starts[kept]
             first = np.full(len(counts), -1, dtype=np.int32)
             has = counts > 0
-            first[has] = block_ids[(np.cumsum(counts) - counts)[has]]
-            chunk = {**chunk, "first_block": first}  # a new dict: on_chunk may hold the old
+            first[has] = block_ids[starts[has]]
             block_ids = np.empty(0, dtype=np.int64)  # not a view: it would pin the chunk's ids
-        if self._keep_table is not None:
-            keep = self._keep_table[chunk["kind"].view(np.uint8)]
-            if len(block_ids):
-                block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])]
-            chunk = {n: c[keep] for n, c in chunk.items()}
+        elif keep is not None and len(block_ids):
+            block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])]
+        if kept is not None:
+            chunk = {n: c[kept] for n, c in chunk.items()}
+        if not self.keep_block_ids:
+            chunk = {**chunk, "first_block": first}  # a new dict: on_chunk may hold the old
         self._chunks.append((chunk, block_ids))
 
     def flush(self) -> None:

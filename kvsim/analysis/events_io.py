@@ -45,6 +45,12 @@ METRIC_KINDS = (
 )
 
 
+# events.parquet's columns and their dtypes, in order (and block_hash, int64, where keyed).
+EXPLODED_DTYPES = {
+    "time_s": np.float64, "step": np.int64, "kind": np.int8, "seq_id": np.int64,
+    "block_id": np.int64, "free_blocks": np.int64, "num_tokens": np.int64,
+}  # fmt: skip
+
 # Events whose blocks carry their prefix-cache keys (block_hash; engine/core/events.py).
 HASHED_KINDS = (EventKind.CACHE, EventKind.EVICT)
 
@@ -145,6 +151,12 @@ class EventsWriteError(KvsimError, RuntimeError):
 
 # Rows per row group of events.parquet: about 12 MB of exploded rows held before a write.
 ROW_GROUP_ROWS = 1 << 18
+# Chunks waiting for the writer thread, in bytes: the whole Azure conversation trace's 20
+# chunks hold ~90 MB. With room for two chunks only, the simulation waited for the writer
+# whenever it was two chunks ahead (0.4-0.6 s of a loaded run); with room, the simulation
+# ends first and `kvsim run` writes the rest of its folder while the writer drains
+# (``RunResult.finish_events``).
+MAX_PENDING_BYTES = 64 << 20
 # Above this many rows the pictures do not read events.parquet back whole: the occupancy map
 # samples its blocks and the Gantt chart reads its requests' rows (kvsim/plots/large_runs.py).
 MAX_PLOTTED_EVENT_ROWS = 5_000_000
@@ -188,16 +200,18 @@ class EventsParquetWriter:
 
     The exploding and Parquet encoding run on a background thread (pyarrow encodes without
     the GIL), so on a machine with a spare core the simulation does not wait for them; at
-    most ``max_pending`` chunks wait in between, which bounds memory. A failure on that
-    thread is raised by the next ``write_chunk`` or by ``close``, never dropped."""
+    most ``max_pending`` chunks of at most ``max_pending_bytes`` between them (one chunk
+    may be larger alone) wait in between, which bounds memory. A failure on that thread is
+    raised by the next ``write_chunk`` or by ``close``, never dropped."""
 
     def __init__(
         self,
         path: Path,
-        max_pending: int = 2,
+        max_pending: int = 64,
         *,
         block_hashes: bool = False,
         replica_column: bool = False,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
     ) -> None:
         """With ``block_hashes`` every chunk comes with its CACHE / EVICT blocks' keys, and
         the file has a ``block_hash`` column (a v1 run with prefix caching). With
@@ -207,14 +221,22 @@ class EventsParquetWriter:
         self.block_hashes = block_hashes
         self.replica_column = replica_column
         self._writer: pq.ParquetWriter | None = None
+        # The file, opened here (not by the ParquetWriter) so that close() closes it whatever
+        # fails: a writer left to the garbage collector after a failed write kept its file,
+        # and a full disk's mount, busy (kvsim run's folder is written while it drains).
+        self._sink: pa.NativeFile | None = None
         self.num_rows = 0
         # The next row group, filled chunk by chunk: ROW_GROUP_ROWS rows per column, made
         # once and reused (see _write), of which the first _num_held are rows not yet written.
         self._group: dict[str, np.ndarray] | None = None
         self._num_held = 0
+        # (columns, block ids, block keys, replica, bytes) per chunk
         self._pending: queue.Queue[
-            tuple[Columns, np.ndarray, np.ndarray | None, int | None] | None
+            tuple[Columns, np.ndarray, np.ndarray | None, int | None, int] | None
         ] = queue.Queue(max_pending)
+        self._max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0  # of the chunks queued and not yet written
+        self._room = threading.Condition()
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._drain, name="kvsim-events-parquet", daemon=True
@@ -229,16 +251,26 @@ class EventsParquetWriter:
         replica: int | None = None,
     ) -> None:
         self._raise_if_failed()
+        size = sum(c.nbytes for c in cols.values()) + block_ids.nbytes
+        size += 0 if block_hashes is None else block_hashes.nbytes
+        with self._room:
+            while self._pending_bytes and self._pending_bytes + size > self._max_pending_bytes:
+                self._room.wait()
+            self._pending_bytes += size
         # the recorder never changes a chunk it handed out
-        self._pending.put((cols, block_ids, block_hashes, replica))
+        self._pending.put((cols, block_ids, block_hashes, replica, size))
 
     def _drain(self) -> None:
         while (item := self._pending.get()) is not None:
+            cols, block_ids, block_hashes, replica, size = item
             if self._error is None:
                 try:
-                    self._write(*item)
+                    self._write(cols, block_ids, block_hashes, replica)
                 except BaseException as error:  # re-raised on the caller's thread
                     self._error = error
+            with self._room:
+                self._pending_bytes -= size
+                self._room.notify()
 
     def _write(
         self,
@@ -251,26 +283,44 @@ class EventsParquetWriter:
             raise ValueError("block keys must come with every chunk, or with none")
         if self.replica_column != (replica is not None):
             raise ValueError("a replica must come with every chunk, or with none")
-        columns = _exploded_columns(cols, block_ids, hashes)
-        if replica is not None:
-            columns["replica"] = np.full(len(columns["step"]), replica, dtype=np.int32)
         if self._writer is None:
-            schema = arrow_table(columns).schema
-            self._writer = pq.ParquetWriter(self.path, schema, **parquet_options(schema.names))
-            self._group = {n: np.empty(ROW_GROUP_ROWS, c.dtype) for n, c in columns.items()}
-        # The rows are copied into the one row-group buffer, written whenever it is full
-        # (one contiguous array per column: the pages, and so the bytes, do not depend on
-        # the chunking). Concatenating each group's chunks in fresh Arrow memory instead
+            self._group = {n: np.empty(ROW_GROUP_ROWS, d) for n, d in EXPLODED_DTYPES.items()}
+            if hashes is not None:
+                self._group["block_hash"] = np.empty(ROW_GROUP_ROWS, np.int64)
+            if replica is not None:  # the last column (ExplodeCursor.fill leaves it alone)
+                self._group["replica"] = np.empty(ROW_GROUP_ROWS, np.int32)
+            schema = arrow_table({n: c[:0] for n, c in self._group.items()}).schema
+            self._sink = pa.OSFile(str(self.path), "wb")
+            self._writer = pq.ParquetWriter(self._sink, schema, **parquet_options(schema.names))
+        # The rows go into the one row-group buffer, written whenever it is full (one
+        # contiguous array per column: the pages, and so the bytes, do not depend on the
+        # chunking). Concatenating each group's chunks in fresh Arrow memory instead
         # (combine_chunks) made the kernel fault in and zero ~370 MB of new pages for the
         # whole Azure conversation trace: the writer thread's CPU 0.83 -> 0.66 s.
         group = self._group
         assert group is not None  # made with the writer
+        core = load()
+        if core is not None:
+            # the compiled core explodes straight into the buffer (no rows copied twice)
+            cursor = core.ExplodeCursor(cols, block_ids, hashes)
+            while not cursor.done:
+                start = self._num_held
+                self._num_held += cursor.fill(group, start)
+                if replica is not None:
+                    group["replica"][start : self._num_held] = replica
+                if self._num_held == ROW_GROUP_ROWS:
+                    self._write_held()
+            self.num_rows += cursor.rows
+            return
+        columns = exploded_columns_numpy(cols, block_ids, hashes)
         num_rows = len(columns["step"])
         start = 0
         while start < num_rows:
             take = min(num_rows - start, ROW_GROUP_ROWS - self._num_held)
             for name, column in columns.items():
                 group[name][self._num_held : self._num_held + take] = column[start : start + take]
+            if replica is not None:
+                group["replica"][self._num_held : self._num_held + take] = replica
             self._num_held += take
             start += take
             if self._num_held == ROW_GROUP_ROWS:
@@ -302,22 +352,27 @@ class EventsParquetWriter:
                 self._write_held()
             except BaseException as error:  # reported below, as the thread's errors are
                 self._error = error
-        if self._error is not None and self._writer is not None:
-            with contextlib.suppress(Exception):  # the write error below is what matters
-                self._writer.close()  # release the file (a full disk keeps it open otherwise)
-            self._writer = None
-        self._raise_if_failed()
-        if self._writer is None:
-            empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
-            none = np.empty(0, dtype=np.int64)
-            columns = _exploded_columns(empty, none, none if self.block_hashes else None)
-            if self.replica_column:
-                columns["replica"] = np.empty(0, dtype=np.int32)
-            table = arrow_table(columns)
-            pq.write_table(table, self.path, **parquet_options(table.column_names))
-            return
-        self._writer.close()
-        self._writer = None
+        writer, self._writer = self._writer, None
+        try:
+            if self._error is not None and writer is not None:
+                with contextlib.suppress(Exception):  # the write error below is what matters
+                    writer.close()
+            self._raise_if_failed()
+            if writer is None:
+                empty = {n: np.empty(0, dtype=d) for n, d in zip(EVENT_COLUMNS, EVENT_DTYPES)}
+                none = np.empty(0, dtype=np.int64)
+                columns = _exploded_columns(empty, none, none if self.block_hashes else None)
+                if self.replica_column:
+                    columns["replica"] = np.empty(0, dtype=np.int32)
+                table = arrow_table(columns)
+                pq.write_table(table, self.path, **parquet_options(table.column_names))
+                return
+            writer.close()
+        finally:
+            sink, self._sink = self._sink, None
+            if sink is not None:
+                with contextlib.suppress(Exception):  # a write error is raised already
+                    sink.close()
 
 
 class KeyedChunks:

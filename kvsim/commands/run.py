@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 from pathlib import Path
@@ -153,13 +154,21 @@ def _run_and_write(
             with output_folder(out_dir, RUN_FOLDER, force=force) as tmp:
                 started = True
                 result = _run_with_progress(config, tmp / "events.parquet")
-                workers = 1
-                if plots:
-                    from kvsim.plots.side_by_side import picture_workers
+                try:
+                    workers = 1
+                    if plots:
+                        from kvsim.plots.side_by_side import picture_workers
 
-                    # the default trace's `kvsim run`, 2 cores: 6.1 -> 4.2 s (medians, 5 rounds)
-                    workers = picture_workers()
-                write_run_files(result, tmp, plots=plots, picture_workers=workers)
+                        # the default trace's `kvsim run`, 2 cores: 6.1 -> 4.2 s (medians,
+                        # 5 rounds)
+                        workers = picture_workers()
+                    write_run_files(result, tmp, plots=plots, picture_workers=workers)
+                except BaseException:
+                    # the writer thread lets go of the folder before it is removed; the
+                    # error that stopped the write is the one to report
+                    with contextlib.suppress(Exception):
+                        result.finish_events()
+                    raise
             return result, out_dir
         except OutputError:
             taken = os.path.lexists(out_dir) or os.path.lexists(lock_path(out_dir))
@@ -175,7 +184,7 @@ def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
     if not console.is_terminal:
         # nothing on stdout but the results when piped: no bar (rich.progress alone took
         # 8 ms to import)
-        return run(config, None, events_path)
+        return run(config, None, events_path, finish_events_later=True)
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -204,7 +213,7 @@ def _run_with_progress(config: RunConfig, events_path: Path) -> Any:
         def progress(sim_s: float, done: int) -> None:
             bar.update(task, completed=done, sim_s=sim_s)
 
-        return run(config, progress, events_path, on_start=start)
+        return run(config, progress, events_path, on_start=start, finish_events_later=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -79,3 +79,49 @@ def test_an_empty_stream_gives_an_empty_file(tmp_path: Path) -> None:
     frame = pd.read_parquet(tmp_path / "events.parquet")
     assert len(frame) == 0 and "block_id" in frame
     assert np.issubdtype(frame["step"].dtype, np.integer)
+
+
+def test_a_byte_budget_holds_the_caller_until_the_writer_catches_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``max_pending_bytes`` a chunk waits for the writer to take the ones before it
+    (one chunk alone always passes); the file is the same as without the wait."""
+    import threading
+
+    recorder = EventRecorder()
+    record_some(recorder, 30)
+    cols, block_ids = recorder.columns()
+    release = threading.Event()
+    original = EventsParquetWriter._write
+
+    def slow_write(self: EventsParquetWriter, *args: object) -> None:
+        release.wait(10)
+        original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EventsParquetWriter, "_write", slow_write)
+    writer = EventsParquetWriter(tmp_path / "events.parquet", max_pending_bytes=1)
+    writer.write_chunk(cols, block_ids)  # alone: passes
+    second = threading.Thread(target=writer.write_chunk, args=(cols, block_ids))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # held: the first chunk is not written yet
+    release.set()
+    second.join(10)
+    assert not second.is_alive()
+    writer.close()
+    assert writer._pending_bytes == 0 and writer.num_rows == 120
+
+
+def test_a_run_may_leave_its_events_file_to_be_finished(tmp_path: Path) -> None:
+    """run(finish_events_later=True) returns with the writer still draining; finish_events
+    completes the same file as a run that waited (twice is harmless)."""
+    from kvsim.config import RunConfig
+    from kvsim.runner import run
+
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min", num_blocks=600)
+    waited = run(config, events_path=tmp_path / "waited.parquet")
+    later = run(config, events_path=tmp_path / "later.parquet", finish_events_later=True)
+    waited.finish_events()  # nothing left to finish
+    later.finish_events()
+    later.finish_events()
+    assert (tmp_path / "later.parquet").read_bytes() == (tmp_path / "waited.parquet").read_bytes()

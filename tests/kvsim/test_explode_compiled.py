@@ -51,3 +51,35 @@ def test_mismatched_blocks_and_keys_are_refused() -> None:
         core.explode_events(cols, block_ids[:-1])
     with pytest.raises(ValueError, match="block keys"):
         core.explode_events(cols, block_ids, hashes[:-1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("keyed", [False, True])
+def test_cursor_pieces_give_the_numpy_rows(seed: int, keyed: bool) -> None:
+    """The events writer fills its reused row-group buffer with ExplodeCursor.fill, a piece at
+    a time: the pieces, whatever their sizes, are the numpy rule's rows in order (keys 0
+    where a reused buffer held another row's)."""
+    cols, block_ids, hashes = chunk(seed, [0, 1, 50, 3000, 10, 700][seed])
+    want = exploded_columns_numpy(cols, block_ids, hashes if keyed else None)
+    cursor = core.ExplodeCursor(cols, block_ids, hashes if keyed else None)
+    assert cursor.rows == len(want["step"])
+    rng = np.random.default_rng(seed)
+    pieces: dict[str, list[np.ndarray]] = {name: [] for name in want}
+    while not cursor.done:
+        size = int(rng.integers(1, 40))
+        buffer = {n: np.full(size, 7, dtype=want[n].dtype) for n in want}  # stale values
+        start = int(rng.integers(0, size))
+        took = cursor.fill(buffer, start)
+        assert 0 < took <= size - start
+        for name in want:
+            pieces[name].append(buffer[name][start : start + took])
+    for name in want:
+        got = np.concatenate(pieces[name]) if pieces[name] else want[name][:0]
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+    assert cursor.fill({n: np.empty(3, want[n].dtype) for n in want}, 0) == 0  # done
+
+
+def test_the_exploded_dtypes_are_the_writers() -> None:
+    from kvsim.analysis.events_io import EXPLODED_DTYPES
+
+    assert core.EXPLODED_DTYPES == EXPLODED_DTYPES

@@ -19,7 +19,8 @@ from workloads.formats.records import (
     record_from_request,
     request_from_record,
 )
-from workloads.formats.textio import atomic_text_writer, iter_lines
+from workloads.formats.textio import _BOM, atomic_text_writer, iter_lines, open_regular
+from workloads.limits import MAX_LINE_BYTES
 from workloads.request import Request, Trace
 
 _DECODER = json.JSONDecoder()  # stateless; skips json.loads' per-call argument handling
@@ -149,34 +150,107 @@ def _deep_position(text: str) -> tuple[int, int]:
     return 1, 1
 
 
+class _Records:
+    """The records of one JSON Lines trace as they are read: the metadata line, if first,
+    then requests (each line's rules, shared by both readers below)."""
+
+    def __init__(self) -> None:
+        self.metadata = Metadata()
+        self.requests: list[Request] = []
+        self.duplicates = DuplicateTracker()
+        self.seen_content = False
+
+    def take(self, text: str, obj: Any, where: int) -> None:
+        """Line ``where``'s decoded ``obj`` (its ``text``); raises an unlocated
+        TraceFormatError."""
+        if not isinstance(obj, dict):
+            raise TraceFormatError(f"expected a JSON object, got {json_type_name(obj)}")
+        if text.count(":") != len(obj):  # else no key can be given twice (a flat record)
+            _check_duplicates(text, obj)
+        if not self.seen_content and VERSION_KEY in obj:
+            self.seen_content = True
+            self.metadata = parse_metadata(obj)
+            return
+        self.seen_content = True
+        request = request_from_record(obj, self.metadata.hash_block_size)
+        self.duplicates.check(request.request_id, where, "line")
+        self.requests.append(request)
+
+
 def load_jsonl(path: str | Path) -> Trace:
-    """Read a JSON Lines trace line by line; blank lines are skipped."""
-    metadata = Metadata()
-    requests: list[Request] = []
-    duplicates = DuplicateTracker()
-    seen_content = False
+    """Read a JSON Lines trace; blank lines are skipped. A file of up to
+    ``_AT_ONCE_MAX_BYTES`` is first read at once (``_load_at_once``); a larger one, or
+    one that reading at once finds anything wrong with, line by line (which names the line
+    and column of what is wrong)."""
+    trace = _load_at_once(path)
+    return trace if trace is not None else _load_by_line(path)
+
+
+def _load_by_line(path: str | Path) -> Trace:
+    records = _Records()
     for line, text in iter_lines(path):
         if not text.strip():
             continue
         obj = parse_json_text(text, path, line)
         try:
-            if not isinstance(obj, dict):
-                raise TraceFormatError(f"expected a JSON object, got {json_type_name(obj)}")
-            if text.count(":") != len(obj):  # else no key can be given twice (a flat record)
-                _check_duplicates(text, obj)
-            if not seen_content and VERSION_KEY in obj:
-                seen_content = True
-                metadata = parse_metadata(obj)
-                continue
-            seen_content = True
-            request = request_from_record(obj, metadata.hash_block_size)
-            duplicates.check(request.request_id, line, "line")
+            records.take(text, obj, line)
         except TraceFormatError as err:
             raise err.located(path, line=line) from None
-        requests.append(request)
-    if not seen_content:
+    if not records.seen_content:
         raise TraceFormatError("file is empty", path=path)
-    return build_trace(path, metadata, requests)
+    return build_trace(path, records.metadata, records.requests)
+
+
+# Read at once up to this size (the whole Azure conversation trace is 1.9 MB): a 1 M-request
+# trace is streamed, so that its text and lines are never all in memory.
+_AT_ONCE_MAX_BYTES = 64 << 20
+
+
+def _load_at_once(path: str | Path) -> Trace | None:
+    """The trace, read in one piece: every non-blank line decoded by one call of the JSON
+    decoder (as the elements of one array, joined by ",\n") instead of one call per line;
+    the whole Azure 2023 conversation trace 0.117 -> 0.100 s (medians of 9, in-process,
+    interleaved; the records' checks and Request objects are the rest). None wherever
+    anything is off, for the line-by-line reader to find and name.
+
+    The lines are one record each, as the line-by-line reader requires, because every line
+    begins with ``{`` and ends with ``}``, strings cannot span lines (the joined lines
+    keep a newline between them, which a JSON string may not hold), there are as many
+    values as lines, and no valid record holds an object (a value split across lines
+    would): the records' own checks refuse anything else."""
+    try:
+        with open_regular(path) as file:
+            data = file.read(_AT_ONCE_MAX_BYTES + 1)
+        if len(data) > _AT_ONCE_MAX_BYTES:
+            return None
+        text = data.decode("utf-8")
+    except (TraceFormatError, UnicodeDecodeError):
+        return None
+    if text.startswith(_BOM):
+        text = text[1:]
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines or max(map(len, lines)) > MAX_LINE_BYTES // 4:  # 4 bytes a character at most
+        return None
+    for line in lines:
+        stripped = line.strip(_JSON_SPACE)
+        if stripped[:1] != "{" or stripped[-1:] != "}":
+            return None
+    try:
+        objs = _DECODER.decode("[" + ",\n".join(lines) + "]")
+    except (ValueError, RecursionError):
+        return None
+    if len(objs) != len(lines):
+        return None
+    records = _Records()
+    try:
+        for index, (line, obj) in enumerate(zip(lines, objs, strict=True)):
+            records.take(line, obj, index)
+        return build_trace(path, records.metadata, records.requests)
+    except TraceFormatError:
+        return None
+
+
+_JSON_SPACE = " \t\r"  # JSON's whitespace within a line
 
 
 def build_trace(path: str | Path, metadata: Metadata, requests: list[Request]) -> Trace:
