@@ -24,6 +24,7 @@ from v1_replay import SAMPLED, golden_scheduler_config, load_trace, make_sequenc
 from engine import BlockManager
 from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
+from engine.offload.cpu_manager import make_cpu_tier
 from engine.offload.transfer import TransferLink
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
@@ -50,7 +51,16 @@ def _chunk_names(rows: list[dict[str, Any]], block_size: int, bpc: int) -> dict[
     return names
 
 
-def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) -> OffloadReplay:
+# The CPU tier each backend replays with: the readable CPUOffloadManager, or the compiled
+# CpuTier (engine/compiled, csrc/offload_tier.hpp) behind the same connector and scheduler.
+BACKENDS = ("python", "compiled-tier")
+
+
+def replay_offload(
+    path: Path, *, max_diffs: int = 20, own_clock: bool = False, backend: str = "python"
+) -> OffloadReplay:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     golden: OffloadGolden = load_offload_golden(path)
     config = golden.config
     rows = load_trace(GOLDEN / config["trace"])
@@ -66,6 +76,9 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
         golden_scheduler_config(config),
         bm,
         offload=OffloadConfig(oc["num_cpu_chunks"], bpc, oc["eviction_policy"]),
+    )
+    sched.connector.manager = make_cpu_tier(
+        oc["num_cpu_chunks"], oc["eviction_policy"], compiled=backend == "compiled-tier"
     )
     names = _chunk_names(rows, bs, bpc)
     seq_of = {str(row["request_id"]): i for i, row in enumerate(rows)}
@@ -157,7 +170,7 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
         tier = sched.connector.manager
         differ(n, "CPU tier chunks", tier.num_held, gs.cpu_num_chunks)
         if gs.cpu_chunks is not None:
-            held = {names[k] for k in tier.policy.held_keys()}
+            held = {names[k] for k in tier.held_keys()}
             differ(n, "CPU tier contents", sorted(held), sorted(gs.cpu_chunks))
         in_flight = [j for j in completed if sched.connector.has_job(j)]
         differ(n, "completed jobs kvsim knows", in_flight, completed)
