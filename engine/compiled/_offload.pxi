@@ -127,3 +127,139 @@ cdef class CpuTier:
         cdef vector[int64_t] out
         self.tier.held_keys(out)
         return out
+
+
+cdef extern from "csrc/transfer_link.hpp" namespace "kvsim":
+    cdef cppclass LinkCompletion:
+        double time
+        int64_t seq
+        int64_t job
+
+    cdef cppclass CDirection "kvsim::SharedDirection":
+        double bandwidth
+        double latency
+        size_t in_flight()
+        size_t active()
+
+    cdef cppclass CFifoDirection "kvsim::FifoDirection":
+        double bandwidth
+        double latency
+        size_t in_flight()
+        size_t active()
+
+    cdef cppclass CSharedLink "kvsim::SharedLink":
+        CSharedLink(double read_bytes_per_s, double write_bytes_per_s, double latency_s) except +
+        double now()
+        const CDirection& direction(int d)
+        size_t in_flight()
+        void submit(int64_t job, int direction, double nbytes, double now) except +
+        cbool next_completion_time(double& out)
+        const vector[LinkCompletion]& advance(double now) except +
+
+    cdef cppclass CFifoLink "kvsim::FifoLink":
+        CFifoLink(double read_bytes_per_s, double write_bytes_per_s, double latency_s) except +
+        double now()
+        const CFifoDirection& direction(int d)
+        size_t in_flight()
+        void submit(int64_t job, int direction, double nbytes, double now) except +
+        cbool next_completion_time(double& out)
+        const vector[LinkCompletion]& advance(double now) except +
+
+
+cdef class CompiledTransferLink:
+    """engine/offload/transfer.py's TransferLink, compiled (csrc/transfer_link.hpp): the same
+    interface and the same completion times bit for bit, for integer job ids."""
+
+    cdef CSharedLink* shared
+    cdef CFifoLink* fifo
+    cdef readonly str discipline
+    cdef object _check_number
+    cdef object _error
+
+    def __cinit__(
+        self,
+        read_bytes_per_s,
+        write_bytes_per_s,
+        latency_s,
+        *,
+        str discipline="shared",
+    ):
+        from engine.offload.transfer import DISCIPLINES, TransferError, _check_number
+
+        _check_number("read_bytes_per_s", read_bytes_per_s, positive=True)
+        _check_number("write_bytes_per_s", write_bytes_per_s, positive=True)
+        _check_number("latency_s", latency_s, positive=False)
+        if discipline not in DISCIPLINES:
+            raise TransferError(f"discipline must be one of {DISCIPLINES}, got {discipline!r}")
+        self.discipline = discipline
+        self._check_number = _check_number
+        self._error = TransferError
+        if discipline == "shared":
+            self.shared = new CSharedLink(read_bytes_per_s, write_bytes_per_s, latency_s)
+        else:
+            self.fifo = new CFifoLink(read_bytes_per_s, write_bytes_per_s, latency_s)
+
+    def __dealloc__(self):
+        del self.shared
+        del self.fifo
+
+    cdef int _side(self, direction) except -1:
+        if direction == "read":
+            return 0
+        if direction == "write":
+            return 1
+        raise self._error(f"direction must be one of ('read', 'write'), got {direction!r}")
+
+    @property
+    def now(self):
+        return self.shared.now() if self.shared else self.fifo.now()
+
+    @property
+    def latency_s(self):
+        return self.shared.direction(0).latency if self.shared else self.fifo.direction(0).latency
+
+    def bandwidth(self, direction):
+        cdef int d = self._side(direction)
+        return self.shared.direction(d).bandwidth if self.shared else self.fifo.direction(d).bandwidth
+
+    def in_flight(self, direction=None):
+        if direction is None:
+            return self.shared.in_flight() if self.shared else self.fifo.in_flight()
+        cdef int d = self._side(direction)
+        return self.shared.direction(d).in_flight() if self.shared else self.fifo.direction(d).in_flight()
+
+    def active(self, direction):
+        cdef int d = self._side(direction)
+        return self.shared.direction(d).active() if self.shared else self.fifo.direction(d).active()
+
+    def submit(self, int64_t job_id, direction, nbytes, now):
+        self._check_number("now", now, positive=False)
+        self._check_number("nbytes", nbytes, positive=False)
+        cdef int d = self._side(direction)
+        try:
+            if self.shared:
+                self.shared.submit(job_id, d, nbytes, now)
+            else:
+                self.fifo.submit(job_id, d, nbytes, now)
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
+
+    def next_completion_time(self):
+        cdef double t = 0.0
+        cdef cbool known = (
+            self.shared.next_completion_time(t) if self.shared else self.fifo.next_completion_time(t)
+        )
+        return t if known else None
+
+    def advance(self, now):
+        return [job for _time, job in self.advance_with_times(now)]
+
+    def advance_with_times(self, now):
+        self._check_number("now", now, positive=False)
+        cdef const vector[LinkCompletion]* done
+        cdef size_t i
+        try:
+            done = &(self.shared.advance(now) if self.shared else self.fifo.advance(now))
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
+        return [(done[0][i].time, done[0][i].job) for i in range(done[0].size())]

@@ -25,7 +25,7 @@ from engine import BlockManager
 from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
 from engine.offload.cpu_manager import make_cpu_tier
-from engine.offload.transfer import TransferLink
+from engine.offload.transfer import make_transfer_link
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.prefix_cache import ensure_block_hashes
@@ -51,9 +51,10 @@ def _chunk_names(rows: list[dict[str, Any]], block_size: int, bpc: int) -> dict[
     return names
 
 
-# The CPU tier each backend replays with: the readable CPUOffloadManager, or the compiled
-# CpuTier (engine/compiled, csrc/offload_tier.hpp) behind the same connector and scheduler.
-BACKENDS = ("python", "compiled-tier")
+# What each backend replays with: the readable CPUOffloadManager and TransferLink, or the
+# compiled CpuTier (csrc/offload_tier.hpp) and CompiledTransferLink (csrc/transfer_link.hpp)
+# behind the same connector, worker and scheduler.
+BACKENDS = ("python", "compiled-parts")
 
 
 def replay_offload(
@@ -78,7 +79,7 @@ def replay_offload(
         offload=OffloadConfig(oc["num_cpu_chunks"], bpc, oc["eviction_policy"]),
     )
     sched.connector.manager = make_cpu_tier(
-        oc["num_cpu_chunks"], oc["eviction_policy"], compiled=backend == "compiled-tier"
+        oc["num_cpu_chunks"], oc["eviction_policy"], compiled=backend == "compiled-parts"
     )
     names = _chunk_names(rows, bs, bpc)
     seq_of = {str(row["request_id"]): i for i, row in enumerate(rows)}
@@ -98,7 +99,12 @@ def replay_offload(
     seqs: dict[str, Sequence] = {}
     compared = 0
     worker = OffloadWorker(
-        TransferLink(oc["read_bytes_per_s"], oc["write_bytes_per_s"], oc["link_latency_s"]),
+        make_transfer_link(
+            oc["read_bytes_per_s"],
+            oc["write_bytes_per_s"],
+            oc["link_latency_s"],
+            compiled=backend == "compiled-parts",
+        ),
         oc["kv_bytes_per_block"],
     )
     base_s, per_token_s = _step_time(config)

@@ -26,9 +26,10 @@ def test_offload_golden_replays_with_zero_differences(path, backend) -> None:  #
     assert not replay.scheduler.has_unfinished()
 
 
+@pytest.mark.parametrize("backend", RUNNABLE)
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
-def test_offload_golden_replays_on_kvsims_own_clock(path) -> None:  # type: ignore[no-untyped-def]
+def test_offload_golden_replays_on_kvsims_own_clock(path, backend) -> None:  # type: ignore[no-untyped-def]
     # kvsim's worker and transfer model time every step: same arrivals, start times, flush
     # waits and reported completions as the reference (the goldens' step-time model)
-    replay = replay_offload(path, own_clock=True)
+    replay = replay_offload(path, own_clock=True, backend=backend)
     assert replay.differences == []
