@@ -16,14 +16,25 @@ trace takes minutes with offload on); `--trace mooncake_fast25_conversation` is 
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import engine.offload.connector as connector_module
 from engine.offload.cpu_manager import make_cpu_tier
 from kvsim.config import RunConfig
 from kvsim.runner import run
+
+
+def _tier_maker(compiled: bool | None) -> Callable[..., Any]:
+    """make_cpu_tier with its implementation forced to ``compiled`` (the connector passes its
+    own ``compiled_tier``, None, which would override a functools.partial's keyword)."""
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        return make_cpu_tier(*args, **{**kwargs, "compiled": compiled})
+
+    return make
 
 
 def main() -> None:
@@ -55,8 +66,7 @@ def main() -> None:
     hit: dict[str, float] = {}
     for _ in range(args.repeats):
         for name, (config, compiled) in configs.items():  # in turns: the speed drifts
-            tier_of = functools.partial(make_cpu_tier, compiled=compiled)
-            setattr(connector_module, "make_cpu_tier", tier_of)  # noqa: B010 (not exported)
+            setattr(connector_module, "make_cpu_tier", _tier_maker(compiled))  # noqa: B010
             start = time.perf_counter()
             result = run(config, keep_events=False)
             walls[name].append(time.perf_counter() - start)
