@@ -1,11 +1,13 @@
 """KV offload speed (issue 29's bar: a run with a CPU tier costs at most 1.5x the GPU-only
 run's wall time on the Mooncake conversation trace), medians of --repeats, side by side in one
 process: the GPU-only run (the compiled core when it is built) and the same run with
-`--kv-offloading-size` (the readable Python scheduler with vLLM's offloading connector),
-in turns so that the machine's drifting speed hits both alike. `kvsim run --no-plots`'s work
-without the CLI; llama-3.1-8b on h100-sxm with a 30,000-block pool (the issue's setting).
+`--kv-offloading-size` (the readable Python scheduler with vLLM's offloading connector over
+the compiled CPU tier when it is built), in turns so that the machine's drifting speed hits
+all alike. `--python-tier` adds the offload run on the readable Python CPU tier
+(CPUOffloadManager). `kvsim run --no-plots`'s work without the CLI; llama-3.1-8b on h100-sxm
+with a 30,000-block pool (the issue's setting).
 
-    python benchmarks/bench_offload.py [--repeats 3] [--trace NAME] [--size GIB]
+    python benchmarks/bench_offload.py [--repeats 3] [--trace NAME] [--size GIB] [--python-tier]
 
 The default trace is the first 1,000 requests of the Mooncake conversation trace (the whole
 trace takes minutes with offload on); `--trace mooncake_fast25_conversation` is the issue's.
@@ -16,9 +18,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
+import engine.offload.connector as connector_module
+from engine.offload.cpu_manager import make_cpu_tier
 from kvsim.config import RunConfig
 from kvsim.runner import run
+
+
+def _tier_maker(compiled: bool | None) -> Callable[..., Any]:
+    """make_cpu_tier with its implementation forced to ``compiled`` (the connector passes its
+    own ``compiled_tier``, None, which would override a functools.partial's keyword)."""
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        return make_cpu_tier(*args, **{**kwargs, "compiled": compiled})
+
+    return make
 
 
 def main() -> None:
@@ -26,6 +42,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trace", default="mooncake_fast25_conversation_first_1000")
     parser.add_argument("--size", type=float, default=64.0, help="CPU tier (GiB)")
+    parser.add_argument(
+        "--python-tier", action="store_true", help="also run offload on the Python CPU tier"
+    )
     args = parser.parse_args()
     base = RunConfig(
         trace=args.trace,
@@ -35,14 +54,19 @@ def main() -> None:
         max_model_len=200_000,
         allow_long_max_model_len=True,
     )
-    configs = {
-        "gpu only": base,
-        f"cpu tier {args.size:g} GiB": base.replace(kv_offloading_size=args.size),
+    tier = base.replace(kv_offloading_size=args.size)
+    # name -> (config, the CPU tier's implementation: None = compiled when built)
+    configs: dict[str, tuple[RunConfig, bool | None]] = {
+        "gpu only": (base, None),
+        f"cpu tier {args.size:g} GiB": (tier, None),
     }
+    if args.python_tier:
+        configs["  on the Python tier"] = (tier, False)
     walls: dict[str, list[float]] = {name: [] for name in configs}
     hit: dict[str, float] = {}
     for _ in range(args.repeats):
-        for name, config in configs.items():  # in turns: the machine's speed drifts
+        for name, (config, compiled) in configs.items():  # in turns: the speed drifts
+            setattr(connector_module, "make_cpu_tier", _tier_maker(compiled))  # noqa: B010
             start = time.perf_counter()
             result = run(config, keep_events=False)
             walls[name].append(time.perf_counter() - start)
@@ -57,8 +81,10 @@ def main() -> None:
     for name, values in walls.items():
         runs = ", ".join(f"{v:.1f}" for v in values)
         print(f"  {name:20s} {medians[name]:7.1f} s  (runs: {runs})  hit rate {hit[name]:.4f}")
-    first, second = medians.values()
+    first, second, *rest = medians.values()
     print(f"  offload / GPU only: {second / first:.1f}x (bar, issue 29: <= 1.5x)")
+    if rest:
+        print(f"  Python tier / compiled tier: {rest[0] / second:.1f}x")
 
 
 if __name__ == "__main__":

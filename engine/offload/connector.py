@@ -25,11 +25,12 @@ What the V1Scheduler asks it, and what it answers (docs/offload.md cites each ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.core.scheduler_output import ConnectorMeta, TransferJob
 from engine.core.sequence import Sequence
-from engine.offload.cpu_manager import CPUOffloadManager, LookupResult
-from engine.offload.policies import OffloadKey, RequestContext
+from engine.offload.cpu_manager import LookupResult, make_cpu_tier
+from engine.offload.policies import OffloadKey
 from engine.offload.secondary_tier import SecondaryTier, SecondaryTierConfig
 from engine.offload.tiering import TieringManager
 from engine.v1.prefix_cache import ensure_block_hashes
@@ -60,7 +61,7 @@ class OffloadConfig:
 @dataclass(slots=True)
 class _RequestState:
     seq: Sequence
-    ctx: RequestContext = field(default_factory=RequestContext)
+    ctx: Any  # the tier's access record of it (RequestContext, or the compiled tier's id)
     offload_keys: list[OffloadKey] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)  # as the connector last saw the table
     next_stored_chunk: int = 0
@@ -74,12 +75,22 @@ class OffloadConnector:
     """The scheduler side of one replica's offloading (module docstring)."""
 
     def __init__(
-        self, config: OffloadConfig, block_size: int, *, prefix_caching: bool = True
+        self,
+        config: OffloadConfig,
+        block_size: int,
+        *,
+        prefix_caching: bool = True,
+        compiled_tier: bool | None = None,
     ) -> None:
+        """``compiled_tier``: the CPU tier's implementation (cpu_manager.make_cpu_tier's
+        ``compiled``: None = the compiled one when built)."""
         self.config = config
         self.block_size = block_size
         self.tokens_per_chunk = block_size * config.blocks_per_chunk
-        self.manager = CPUOffloadManager(config.num_chunks, config.policy)
+        # vLLM's tiering manager reaches into the CPU tier's policy (pins, evictability), so
+        # with secondary tiers the CPU tier is the Python one (docs/compiled.md)
+        compiled = False if config.secondary_tiers else compiled_tier
+        self.manager = make_cpu_tier(config.num_chunks, config.policy, compiled=compiled)
         # With secondary tiers the CPU tier sits inside vLLM's tiering manager, which the
         # lookups, stores and finishes go through (the hook; None: the CPU tier alone).
         self.tiering: TieringManager | None = None
@@ -104,7 +115,7 @@ class OffloadConnector:
     # --- requests ---------------------------------------------------------------------------
 
     def on_new_request(self, seq: Sequence) -> None:
-        st = self._states[seq.seq_id] = _RequestState(seq)
+        st = self._states[seq.seq_id] = _RequestState(seq, self.manager.new_context(seq.seq_id))
         if self.tiering is not None:
             self.tiering.on_new_request(st.ctx, seq.seq_id)
 
@@ -126,11 +137,10 @@ class OffloadConnector:
         if len(keys) >= num_chunks:
             return
         hashes = ensure_block_hashes(seq, num_chunks * bpc, self.block_size)
-        positions = st.ctx.positions
-        for i in range(len(keys), num_chunks):
-            key = hashes[(i + 1) * bpc - 1]
-            keys.append(key)
-            positions[key] = (i + 1) * tpc
+        first = len(keys)
+        new_keys = hashes[(first + 1) * bpc - 1 : num_chunks * bpc : bpc]
+        keys.extend(new_keys)
+        self.manager.add_positions(st.ctx, new_keys, (first + 1) * tpc, tpc)
 
     # --- lookup ---------------------------------------------------------------------------------
 

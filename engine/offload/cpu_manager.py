@@ -14,7 +14,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from engine.compiled import load
 from engine.offload.policies import ChunkStatus, OffloadKey, RequestContext, make_policy
 
 
@@ -68,6 +70,23 @@ class CPUOffloadManager:
         return chunks
 
     # --- per-request access record ------------------------------------------------------------
+
+    def new_context(self, seq_id: int) -> RequestContext:
+        """A fresh access record for request ``seq_id`` (the compiled tier keeps its records
+        itself and answers the id)."""
+        return RequestContext()
+
+    def add_positions(
+        self, ctx: RequestContext, keys: Sequence[OffloadKey], first: int, step: int
+    ) -> None:
+        """``keys[i]``'s position is ``first + i * step`` tokens (its chunk's end)."""
+        positions = ctx.positions
+        for i, key in enumerate(keys):
+            positions[key] = first + i * step
+
+    def held_keys(self) -> list[OffloadKey]:
+        """Every chunk held (ready or being stored)."""
+        return list(self.policy.held_keys())
 
     def _record_access(
         self,
@@ -179,3 +198,17 @@ class CPUOffloadManager:
         if all(key in ctx.positions for key in keys):
             keys = sorted(keys, key=ctx.positions.__getitem__)
         self.policy.on_request_finished(keys, ctx.inserted - ctx.reused, ctx.reused, ctx)
+
+
+def make_cpu_tier(num_chunks: int, policy: str = "lru", *, compiled: bool | None = None) -> Any:
+    """A CPU tier of ``num_chunks`` chunks under ``policy``: CPUOffloadManager, or its
+    compiled mirror (engine/compiled: ``CpuTier``, same answers; docs/compiled.md).
+    ``compiled``: None = the compiled one when the extension is built and
+    ``KVSIM_PURE_PYTHON`` is not 1; True = the compiled one (RuntimeError when unavailable);
+    False = the Python one."""
+    core = load() if compiled is not False else None
+    if core is None:
+        if compiled:
+            raise RuntimeError("the compiled core is not available (engine.compiled.load())")
+        return CPUOffloadManager(num_chunks, policy)
+    return core.CpuTier(num_chunks, policy)

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.offload.connector import OffloadConfig
 from engine.offload.secondary_tier import SecondaryTierConfig
-from engine.offload.transfer import TransferLink
+from engine.offload.transfer import make_transfer_link
 from engine.offload.worker import OffloadWorker
 from kvsim.config import RunConfig, offload_plan
 from kvsim.costmodel import CostModel
@@ -33,10 +33,11 @@ class OffloadSetup:
     tiers: tuple[SecondaryTierPlan, ...] = ()
 
     def worker(self) -> OffloadWorker:
-        """A fresh worker on a fresh link (one per simulation)."""
+        """A fresh worker on a fresh link (one per simulation; the compiled link when the
+        extension is built, same times bit for bit)."""
         link = self.plan.link
         return OffloadWorker(
-            TransferLink(link.read_bytes_per_s, link.write_bytes_per_s, link.latency_s),
+            make_transfer_link(link.read_bytes_per_s, link.write_bytes_per_s, link.latency_s),
             self.plan.gpu_block_transfer_bytes,
         )
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from engine import BlockManager, SamplingParams, SchedulerConfig, Sequence
 from engine.offload.connector import OffloadConfig
-from engine.offload.transfer import TransferLink
+from engine.offload.cpu_manager import make_cpu_tier
+from engine.offload.transfer import make_transfer_link
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.scheduler import V1Scheduler
@@ -36,6 +37,8 @@ class Drive:
     seqs: list[Sequence]
     steps: list[StepRecord] = field(default_factory=list)
     end_s: float = 0.0
+    # after each step, with record_tier: (chunks held, evicted so far, held keys sorted)
+    tier: list[tuple[int, int, list[int]]] = field(default_factory=list)
 
 
 def make_seq(seq_id: int, prompt: list[int], max_tokens: int, arrival: float) -> Sequence:
@@ -57,24 +60,27 @@ def drive(
     latency_s: float = 0.0,
     check: bool = True,
     max_steps: int = 20_000,
+    compiled: bool | None = None,
+    record_tier: bool = False,
 ) -> Drive:
     """Replay ``requests`` ((prompt, output tokens, arrival s) each, in arrival order) with a
-    tier of ``num_chunks`` chunks (None: no offloading)."""
+    tier of ``num_chunks`` chunks (None: no offloading). ``compiled``: the CPU tier's and
+    the link's implementation (make_cpu_tier's and make_transfer_link's: None = compiled
+    when built)."""
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, scheduler="v1"
     )
     offload = None if num_chunks is None else OffloadConfig(num_chunks, blocks_per_chunk, policy)
-    sched = (
-        V1Scheduler(config, bm)
-        if offload is None
-        else OffloadingV1Scheduler(config, bm, offload=offload)
-    )
-    worker = (
-        None
-        if offload is None
-        else OffloadWorker(TransferLink(bandwidth, bandwidth, latency_s), bytes_per_block)
-    )
+    sched: V1Scheduler
+    worker = None
+    if offload is None:
+        sched = V1Scheduler(config, bm)
+    else:
+        sched = OffloadingV1Scheduler(config, bm, offload=offload)
+        sched.connector.manager = make_cpu_tier(offload.num_chunks, policy, compiled=compiled)
+        link = make_transfer_link(bandwidth, bandwidth, latency_s, compiled=compiled)
+        worker = OffloadWorker(link, bytes_per_block)
     seqs = [make_seq(i, p, n, t) for i, (p, n, t) in enumerate(requests)]
     result = Drive(sched, worker, seqs)
     now, k = 0.0, 0
@@ -121,6 +127,9 @@ def drive(
             if isinstance(sched, OffloadingV1Scheduler):
                 manager = sched.connector.manager
                 assert 0 <= manager.num_held <= manager.num_chunks
+        if record_tier and isinstance(sched, OffloadingV1Scheduler):
+            manager = sched.connector.manager
+            result.tier.append((manager.num_held, manager.num_evicted, sorted(manager.held_keys())))
     else:
         raise AssertionError(f"not done after {max_steps} steps")
     result.end_s = now

@@ -24,8 +24,9 @@ from v1_replay import SAMPLED, golden_scheduler_config, load_trace, make_sequenc
 from engine import BlockManager
 from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
+from engine.offload.cpu_manager import make_cpu_tier
 from engine.offload.secondary_tier import SecondaryTierConfig
-from engine.offload.transfer import TransferLink
+from engine.offload.transfer import TransferLink, make_transfer_link
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.prefix_cache import ensure_block_hashes
@@ -51,7 +52,17 @@ def _chunk_names(rows: list[dict[str, Any]], block_size: int, bpc: int) -> dict[
     return names
 
 
-def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) -> OffloadReplay:
+# What each backend replays with: the readable CPUOffloadManager and TransferLink, or the
+# compiled CpuTier (csrc/offload_tier.hpp) and CompiledTransferLink (csrc/transfer_link.hpp)
+# behind the same connector, worker and scheduler.
+BACKENDS = ("python", "compiled-parts")
+
+
+def replay_offload(
+    path: Path, *, max_diffs: int = 20, own_clock: bool = False, backend: str = "python"
+) -> OffloadReplay:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     golden: OffloadGolden = load_offload_golden(path)
     config = golden.config
     rows = load_trace(GOLDEN / config["trace"])
@@ -73,6 +84,10 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
     tiering = sched.connector.tiering
     if tiering is not None:
         tiering.log = []
+    else:  # with secondary tiers the CPU tier stays the Python one (engine/offload/connector.py)
+        sched.connector.manager = make_cpu_tier(
+            oc["num_cpu_chunks"], oc["eviction_policy"], compiled=backend == "compiled-parts"
+        )
     names = _chunk_names(rows, bs, bpc)
     seq_of = {str(row["request_id"]): i for i, row in enumerate(rows)}
     name_of = {i: str(row["request_id"]) for i, row in enumerate(rows)}
@@ -91,7 +106,12 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
     seqs: dict[str, Sequence] = {}
     compared = 0
     worker = OffloadWorker(
-        TransferLink(oc["read_bytes_per_s"], oc["write_bytes_per_s"], oc["link_latency_s"]),
+        make_transfer_link(
+            oc["read_bytes_per_s"],
+            oc["write_bytes_per_s"],
+            oc["link_latency_s"],
+            compiled=backend == "compiled-parts",
+        ),
         oc["kv_bytes_per_block"],
     )
     base_s, per_token_s = _step_time(config)
@@ -168,7 +188,7 @@ def replay_offload(path: Path, *, max_diffs: int = 20, own_clock: bool = False) 
         tier = sched.connector.manager
         differ(n, "CPU tier chunks", tier.num_held, gs.cpu_num_chunks)
         if gs.cpu_chunks is not None:
-            held = {names[k] for k in tier.policy.held_keys()}
+            held = {names[k] for k in tier.held_keys()}
             differ(n, "CPU tier contents", sorted(held), sorted(gs.cpu_chunks))
         in_flight = [j for j in completed if sched.connector.has_job(j)]
         differ(n, "completed jobs kvsim knows", in_flight, completed)

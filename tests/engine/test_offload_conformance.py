@@ -10,22 +10,28 @@ from __future__ import annotations
 
 import pytest
 from offload_golden import GOLDEN, load_offload_golden
-from offload_replay import replay_offload
+from offload_replay import BACKENDS, replay_offload
+
+from engine.compiled import load
 
 FILES = sorted(GOLDEN.glob("*.steps.jsonl.gz"))
+# the compiled backends run where the extension is built
+RUNNABLE = [b for b in BACKENDS if b == "python" or load() is not None]
 
 
+@pytest.mark.parametrize("backend", RUNNABLE)
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
-def test_offload_golden_replays_with_zero_differences(path) -> None:  # type: ignore[no-untyped-def]
-    replay = replay_offload(path)
+def test_offload_golden_replays_with_zero_differences(path, backend) -> None:  # type: ignore[no-untyped-def]
+    replay = replay_offload(path, backend=backend)
     assert replay.differences == []
     assert replay.steps_compared == len(load_offload_golden(path).steps) > 30
     assert not replay.scheduler.has_unfinished()
 
 
+@pytest.mark.parametrize("backend", RUNNABLE)
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split(".")[0])
-def test_offload_golden_replays_on_kvsims_own_clock(path) -> None:  # type: ignore[no-untyped-def]
+def test_offload_golden_replays_on_kvsims_own_clock(path, backend) -> None:  # type: ignore[no-untyped-def]
     # kvsim's worker and transfer model time every step: same arrivals, start times, flush
     # waits and reported completions as the reference (the goldens' step-time model)
-    replay = replay_offload(path, own_clock=True)
+    replay = replay_offload(path, own_clock=True, backend=backend)
     assert replay.differences == []

@@ -170,3 +170,31 @@ def test_the_loop_outcomes_are_the_cores() -> None:
         compiled_v1.WAIT,
         compiled_v1.PENDING,
     ]
+
+
+def test_offload_runs_on_the_compiled_tier_match_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 16 GiB CPU tier (2,048 chunks) behind 1,000 GPU blocks: 20,673 tier evictions, 12
+    # loads, long prompts rejected.
+    # The compiled path here is the compiled CPU tier (CpuTier) under the Python scheduler.
+    import engine.offload.connector as connector_module
+    from engine.offload.cpu_manager import make_cpu_tier
+
+    tiers: list[str] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        tier = make_cpu_tier(*args, **kwargs)  # type: ignore[arg-type]
+        tiers.append(type(tier).__name__)
+        return tier
+
+    monkeypatch.setattr(connector_module, "make_cpu_tier", spy)
+    config = RunConfig(
+        trace="mooncake_fast25_conversation_first_1000",
+        num_blocks=1000,
+        kv_offloading_size=16.0,
+        until=600.0,
+    )
+    monkeypatch.setattr(f"{__name__}.FILES", (*FILES, "transfers.parquet"))
+    run_both(config, tmp_path, monkeypatch, uses_core=False)
+    assert tiers == ["CpuTier", "CPUOffloadManager"]

@@ -1,0 +1,361 @@
+// Which offloaded chunk a full CPU tier evicts: the compiled mirror of
+// engine/offload/policies.py (vLLM 0.33's LRU and ARC cache policies,
+// vllm/v1/kv_offload/cpu/policies/lru.py and arc.py). The Python module is the specification
+// (its docstring explains both policies); each function below names the one it mirrors, and
+// tests/engine/test_compiled_offload_tier.py drives both with the same operations and
+// requires the same answers, victims and contents.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <queue>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace kvsim {
+
+using OffloadKey = int64_t;
+using KeySet = std::unordered_set<OffloadKey>;
+
+// ChunkStatus: ``ref_cnt`` -1 = store in flight, 0 = ready and evictable, > 0 = pinned.
+struct TierChunk {
+  int32_t chunk_id = 0;
+  int32_t ref_cnt = -1;
+  bool is_ready() const { return ref_cnt >= 0; }
+};
+
+// RequestContext: what the tier remembers about one request.
+struct TierRequest {
+  std::unordered_map<OffloadKey, int64_t> positions;  // key -> tokens up to its chunk's end
+  int64_t lru_rank = -1;                              // -1: none yet
+  std::vector<OffloadKey> seen_order;
+  KeySet seen, inserted, reused, store_misses;
+  bool finished = false;
+};
+
+// A key -> chunk map that keeps insertion order with O(1) move-to-end (an OrderedDict).
+class OrderedKeys {
+ public:
+  bool contains(OffloadKey key) const { return pos_.count(key) != 0; }
+  size_t size() const { return order_.size(); }
+  void push_back(OffloadKey key) {  // the key must not be held
+    order_.push_back(key);
+    pos_.emplace(key, std::prev(order_.end()));
+  }
+  bool erase(OffloadKey key) {
+    const auto found = pos_.find(key);
+    if (found == pos_.end()) return false;
+    order_.erase(found->second);
+    pos_.erase(found);
+    return true;
+  }
+  void move_to_end(OffloadKey key) {
+    const auto found = pos_.find(key);
+    order_.splice(order_.end(), order_, found->second);
+  }
+  void pop_front() {
+    pos_.erase(order_.front());
+    order_.pop_front();
+  }
+  std::list<OffloadKey>::const_iterator begin() const { return order_.begin(); }
+  std::list<OffloadKey>::const_iterator end() const { return order_.end(); }
+
+ private:
+  std::list<OffloadKey> order_;
+  std::unordered_map<OffloadKey, std::list<OffloadKey>::iterator> pos_;
+};
+
+// CachePolicy: the interface both policies implement.
+class TierPolicy {
+ public:
+  explicit TierPolicy(int64_t capacity) : capacity_(capacity) {}
+  virtual ~TierPolicy() = default;
+  virtual TierChunk* get(OffloadKey key) = 0;
+  virtual void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) = 0;
+  // Remove exactly ``n`` evictable chunks not in ``protect`` into ``victims`` (key, chunk);
+  // false, changing nothing, if there are fewer.
+  virtual bool evict(int64_t n, const KeySet& protect,
+                     std::vector<std::pair<OffloadKey, TierChunk>>& victims) = 0;
+  virtual void held_keys(std::vector<OffloadKey>& out) const = 0;
+  virtual void on_store_miss(const std::vector<OffloadKey>&, TierRequest&) {}
+  virtual void on_request_access(const std::vector<OffloadKey>&, TierRequest&) {}
+  virtual void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet& insertion_only,
+                                   const KeySet& reused) = 0;
+  virtual void mark_evictable(OffloadKey) {}
+  virtual void mark_non_evictable(OffloadKey) {}
+  virtual double target_t1_size() const { return 0.0; }
+
+ protected:
+  int64_t capacity_;
+};
+
+// LRUPolicy: ranks packed as policies.py's _rank, a heap of evictable chunks with stale
+// entries skipped.
+class LruPolicy : public TierPolicy {
+ public:
+  using TierPolicy::TierPolicy;
+
+  TierChunk* get(OffloadKey key) override {
+    const auto found = chunks_.find(key);
+    return found == chunks_.end() ? nullptr : &found->second.chunk;
+  }
+
+  void held_keys(std::vector<OffloadKey>& out) const override {
+    for (const auto& kv : chunks_) out.push_back(kv.first);
+  }
+
+  void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) override {
+    Entry& e = chunks_[key];
+    e.chunk = chunk;
+    e.evictable_at = -1;
+    const auto position = ctx.positions.find(key);
+    if (position == ctx.positions.end()) {
+      e.rank = rank(++next_rank_, 0);
+    } else {
+      e.rank = rank(request_rank(ctx), position->second);
+    }
+    if (chunk.ref_cnt == 0) {
+      add_evictable(key, e);
+      heap_.emplace(e.rank, key);
+    }
+  }
+
+  void on_request_access(const std::vector<OffloadKey>& keys, TierRequest& ctx) override {
+    const int64_t major = request_rank(ctx);
+    for (const OffloadKey key : keys) {
+      const auto position = ctx.positions.find(key);
+      if (position == ctx.positions.end()) continue;
+      const auto found = chunks_.find(key);
+      if (found == chunks_.end()) continue;
+      const int64_t r = rank(major, position->second);
+      if (found->second.rank < r) set_rank(key, found->second, r);  // never makes it older
+    }
+  }
+
+  void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet&,
+                           const KeySet&) override {
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it) {  // tail first
+      const auto found = chunks_.find(*it);
+      if (found != chunks_.end()) set_rank(*it, found->second, rank(++next_rank_, 0));
+    }
+  }
+
+  void mark_evictable(OffloadKey key) override {
+    Entry& e = chunks_.at(key);
+    add_evictable(key, e);
+    heap_.emplace(e.rank, key);
+  }
+
+  void mark_non_evictable(OffloadKey key) override {
+    Entry& e = chunks_.at(key);
+    if (!e.evictable()) throw std::logic_error("chunk was not evictable");
+    remove_evictable(e);
+  }
+
+  bool evict(int64_t n, const KeySet& protect,
+             std::vector<std::pair<OffloadKey, TierChunk>>& victims) override {
+    if (n == 0) return true;
+    std::vector<HeapEntry> selected, passed_over;
+    KeySet selected_keys;
+    while (!heap_.empty() && int64_t(selected.size()) < n) {
+      const HeapEntry top = heap_.top();
+      heap_.pop();
+      const auto found = chunks_.find(top.second);
+      // stale: the chunk was pinned, re-ranked, dropped or already chosen
+      if (found == chunks_.end() || !found->second.evictable() || found->second.rank != top.first ||
+          selected_keys.count(top.second))
+        continue;
+      if (protect.count(top.second)) {
+        passed_over.push_back(top);
+        continue;
+      }
+      selected.push_back(top);
+      selected_keys.insert(top.second);
+    }
+    for (const HeapEntry& e : passed_over) heap_.push(e);
+    if (int64_t(selected.size()) < n) {
+      for (const HeapEntry& e : selected) heap_.push(e);
+      return false;
+    }
+    for (const HeapEntry& e : selected) {
+      const auto found = chunks_.find(e.second);
+      victims.emplace_back(e.second, found->second.chunk);
+      remove_evictable(found->second);
+      chunks_.erase(found);
+    }
+    if (heap_.size() > std::max<size_t>(64, 2 * evictable_.size())) {
+      // stale entries pile up as ranks change: rebuild from the live ones
+      std::vector<HeapEntry> live;
+      live.reserve(evictable_.size());
+      for (const OffloadKey key : evictable_) live.emplace_back(chunks_.at(key).rank, key);
+      heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
+    }
+    return true;
+  }
+
+ private:
+  struct Entry {
+    TierChunk chunk;
+    int64_t rank = 0;
+    int64_t evictable_at = -1;  // its index in evictable_, -1 when not evictable
+    bool evictable() const { return evictable_at >= 0; }
+  };
+  using HeapEntry = std::pair<int64_t, OffloadKey>;  // (rank, key): the tuple's order
+
+  // vLLM's rank (major, -position) as one int of the same order (policies._rank)
+  static int64_t rank(int64_t major, int64_t position) {
+    return (major << 32) + (int64_t{1} << 31) - position;
+  }
+  int64_t request_rank(TierRequest& ctx) {
+    if (ctx.lru_rank < 0) ctx.lru_rank = ++next_rank_;
+    return ctx.lru_rank;
+  }
+  void set_rank(OffloadKey key, Entry& e, int64_t r) {
+    e.rank = r;
+    if (e.evictable()) heap_.emplace(r, key);
+  }
+  // policies.py's _evictable set: a vector with swap-removal (the heap is rebuilt from it)
+  void add_evictable(OffloadKey key, Entry& e) {
+    e.evictable_at = int64_t(evictable_.size());
+    evictable_.push_back(key);
+  }
+  void remove_evictable(Entry& e) {
+    const OffloadKey last = evictable_.back();
+    evictable_[size_t(e.evictable_at)] = last;
+    chunks_.at(last).evictable_at = e.evictable_at;
+    evictable_.pop_back();
+    e.evictable_at = -1;
+  }
+
+  std::unordered_map<OffloadKey, Entry> chunks_;
+  std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
+  int64_t next_rank_ = 0;
+  std::vector<OffloadKey> evictable_;
+};
+
+// ARCPolicy: T1 (seen once) and T2 (reused), ghost lists B1 and B2, an adaptive target.
+class ArcPolicy : public TierPolicy {
+ public:
+  using TierPolicy::TierPolicy;
+
+  TierChunk* get(OffloadKey key) override {
+    const auto found = chunks_.find(key);
+    return found == chunks_.end() ? nullptr : &found->second;
+  }
+
+  void held_keys(std::vector<OffloadKey>& out) const override {
+    out.insert(out.end(), t1_.begin(), t1_.end());
+    out.insert(out.end(), t2_.begin(), t2_.end());
+  }
+
+  double target_t1_size() const override { return target_; }
+
+  void insert(OffloadKey key, TierChunk chunk, TierRequest&) override {
+    chunks_[key] = chunk;
+    t1_.push_back(key);
+    b1_.erase(key);
+    b2_.erase(key);
+  }
+
+  void on_store_miss(const std::vector<OffloadKey>& keys, TierRequest&) override {
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it) adapt_to_ghost_hit(*it);
+  }
+
+  void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet& insertion_only,
+                           const KeySet& reused) override {
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
+      const OffloadKey key = *it;
+      if (insertion_only.count(key)) {
+        // storing is not a second access: keep the list, refresh recency
+        if (t1_.contains(key)) {
+          t1_.move_to_end(key);
+        } else if (t2_.contains(key)) {
+          t2_.move_to_end(key);
+        }
+      } else if (reused.count(key)) {
+        if (t1_.erase(key)) {
+          t2_.push_back(key);
+        } else if (t2_.contains(key)) {
+          t2_.move_to_end(key);
+        }
+      }
+    }
+  }
+
+  bool evict(int64_t n, const KeySet& protect,
+             std::vector<std::pair<OffloadKey, TierChunk>>& victims) override {
+    if (n == 0) return true;
+    auto t1 = t1_.begin();
+    auto t2 = t2_.begin();
+    const auto next_evictable = [&](std::list<OffloadKey>::const_iterator& it,
+                                    std::list<OffloadKey>::const_iterator end) -> bool {
+      for (; it != end; ++it) {
+        if (chunks_.at(*it).ref_cnt == 0 && !protect.count(*it)) return true;
+      }
+      return false;
+    };
+    // choose all n first (T1's size as it would shrink), then apply: all or nothing
+    std::vector<std::pair<OffloadKey, bool>> chosen;  // (key, from T1)
+    int64_t t1_size = int64_t(t1_.size());
+    for (int64_t k = 0; k < n; ++k) {
+      bool found = false, from_t1 = false;
+      OffloadKey key = 0;
+      if (t1_size >= int64_t(target_)) {
+        if (next_evictable(t1, t1_.end())) {
+          found = from_t1 = true;
+          key = *t1++;
+        }
+      }
+      if (!found && next_evictable(t2, t2_.end())) {
+        found = true;
+        key = *t2++;
+      }
+      if (!found) {
+        if (!next_evictable(t1, t1_.end())) return false;
+        from_t1 = true;
+        key = *t1++;
+      }
+      if (from_t1) --t1_size;
+      chosen.emplace_back(key, from_t1);
+    }
+    for (const auto& c : chosen) {
+      if (c.second) {
+        t1_.erase(c.first);
+        b1_.push_back(c.first);
+      } else {
+        t2_.erase(c.first);
+        b2_.push_back(c.first);
+      }
+      const auto found = chunks_.find(c.first);
+      victims.emplace_back(c.first, found->second);
+      chunks_.erase(found);
+    }
+    for (OrderedKeys* ghosts : {&b1_, &b2_})
+      while (int64_t(ghosts->size()) > capacity_) ghosts->pop_front();
+    return true;
+  }
+
+ private:
+  void adapt_to_ghost_hit(OffloadKey key) {
+    if (b1_.contains(key)) {
+      const double delta = std::max(1.0, double(b2_.size()) / double(b1_.size()));
+      target_ = std::min(target_ + delta, double(capacity_));
+      b1_.move_to_end(key);
+    } else if (b2_.contains(key)) {
+      const double delta = std::max(1.0, double(b1_.size()) / double(b2_.size()));
+      target_ = std::max(target_ - delta, 0.0);
+      b2_.move_to_end(key);
+    }
+  }
+
+  std::unordered_map<OffloadKey, TierChunk> chunks_;  // T1's and T2's chunks
+  OrderedKeys t1_, t2_, b1_, b2_;
+  double target_ = 0.0;
+};
+
+}  // namespace kvsim
