@@ -26,7 +26,7 @@ from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
 from engine.offload.cpu_manager import make_cpu_tier
 from engine.offload.secondary_tier import SecondaryTierConfig
-from engine.offload.transfer import TransferLink, make_transfer_link
+from engine.offload.transfer import make_transfer_link
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.prefix_cache import ensure_block_hashes
