@@ -1,7 +1,7 @@
 """How a RunConfig field is offered to users and checked: OptionSpec (help, unit, flag, how
 `kvsim sweep` offers it) and the declarative bounds checks its ``check`` names.
 
-kvsim/config.py defines the fields with ``option(...)``; the CLI options, the sweep's axes and
+kvsim/config/ defines the fields with ``option(...)``; the CLI options, the sweep's axes and
 docs/options.md are derived from these specs.
 """
 
