@@ -60,6 +60,7 @@ def test_notebook_is_stored_without_outputs(path: Path) -> None:
     assert "import matplotlib" not in source
 
 
+@pytest.mark.slow  # 28 s: the default run checks the notebooks' form above; .ci/run runs both
 def test_the_notebooks_run_one_after_another_in_one_kernel(tmp_path: Path) -> None:
     """Every notebook top to bottom, in one kernel whose start and imports (about 4 s) are paid
     once. Before each, the namespace is emptied (%reset -f), so a notebook that uses a name it

@@ -39,7 +39,7 @@ from kvsim.fleet.pd_summary import pd_section
 from kvsim.fleet.route_events import route_columns, write_route_events
 from kvsim.fleet.routers import make_router
 from kvsim.fleet.run import MIN_RESERVOIR, _concatenated, _with_replica, prompt_keys
-from kvsim.fleet.summary import fleet_summary
+from kvsim.fleet.summary import fleet_summary, router_settings
 from kvsim.option_spec import parse_pd, parse_router_weights
 from kvsim.sim.allocators import build_allocator
 from kvsim.sim.engine_config import prefix_source_of, scheduler_config
@@ -190,19 +190,7 @@ def simulate_pd_fleet(
         requests,
         step_tables,
         samples,
-        {
-            "num_replicas": n,
-            "router": config.router,
-            "router_weights": config.router_weights if config.router == "prefix" else None,
-            "router_event_delay_s": config.router_event_delay_s,
-            "router_oracle": config.router_oracle,
-            # only when set: fleet sections of runs without it keep their bytes
-            **(
-                {"router_speculative_ttl_s": config.router_speculative_ttl_s}
-                if config.router_speculative_ttl_s > 0
-                else {}
-            ),
-        },
+        router_settings(config, n),
     )
     summary["fleet"]["pd"] = pd_section(
         requests, config, num_prefill, num_decode, bytes_per_token, pools

@@ -32,7 +32,7 @@ from kvsim.fleet.replicas import CompiledReplicaSimulation, ReplicaSimulation
 from kvsim.fleet.route_events import route_columns, write_route_events
 from kvsim.fleet.routers import make_router
 from kvsim.fleet.simulation import FleetSimulation
-from kvsim.fleet.summary import fleet_summary
+from kvsim.fleet.summary import fleet_summary, router_settings
 from kvsim.option_spec import parse_router_weights
 from kvsim.sim.allocators import build_allocator
 from kvsim.sim.compiled_v1 import KeySource, compiled_v1_applies
@@ -209,19 +209,7 @@ def simulate_fleet(
         requests,
         step_tables,
         samples,
-        {
-            "num_replicas": config.replicas,
-            "router": config.router,
-            "router_weights": config.router_weights if config.router == "prefix" else None,
-            "router_event_delay_s": config.router_event_delay_s,
-            "router_oracle": config.router_oracle,
-            # only when set: fleet sections of runs without it keep their bytes
-            **(
-                {"router_speculative_ttl_s": config.router_speculative_ttl_s}
-                if config.router_speculative_ttl_s > 0
-                else {}
-            ),
-        },
+        router_settings(config, config.replicas),
     )
     routing = Table(
         {

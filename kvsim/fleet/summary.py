@@ -21,6 +21,7 @@ from kvsim.analysis.load import (
     weighted_distribution,
 )
 from kvsim.analysis.table import Table, column, is_label
+from kvsim.config import RunConfig
 
 # Summed over replicas (counts; a dict of counts is summed key by key).
 _SUMMED = {
@@ -58,6 +59,23 @@ def _combined(key: str, values: list[Any]) -> Any:
     if isinstance(first, (int, float)):
         return first if all(v == first for v in known) else float(np.mean(known))
     return first
+
+
+def router_settings(config: RunConfig, num_replicas: int) -> dict[str, Any]:
+    """summary.json's ``fleet`` settings: the shape and the router as the run gave them."""
+    return {
+        "num_replicas": num_replicas,
+        "router": config.router,
+        "router_weights": config.router_weights if config.router == "prefix" else None,
+        "router_event_delay_s": config.router_event_delay_s,
+        "router_oracle": config.router_oracle,
+        # only when set: fleet sections of runs without it keep their bytes
+        **(
+            {"router_speculative_ttl_s": config.router_speculative_ttl_s}
+            if config.router_speculative_ttl_s > 0
+            else {}
+        ),
+    }
 
 
 def fleet_summary(

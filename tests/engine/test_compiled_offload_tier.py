@@ -62,13 +62,31 @@ class _Pair:
         self.step += 1
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# One check, two strengths: a sample in the default run, the full 300 examples under
+# -m slow (.ci/run runs both).
+_STRATEGIES = dict(
     data=st.data(),
     policy=st.sampled_from(["lru", "arc"]),
     num_chunks=st.integers(0, 10),
 )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_STRATEGIES)  # type: ignore[arg-type]
 def test_compiled_tier_matches_the_python_manager(data: Any, policy: str, num_chunks: int) -> None:
+    _check(data, policy, num_chunks)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_STRATEGIES)  # type: ignore[arg-type]
+def test_compiled_tier_matches_the_python_manager_slow(
+    data: Any, policy: str, num_chunks: int
+) -> None:
+    _check(data, policy, num_chunks)
+
+
+def _check(data: Any, policy: str, num_chunks: int) -> None:
     pair = _Pair(num_chunks, policy)
     # each request: a chain of distinct keys drawn from a small universe (shared heads)
     requests: dict[int, list[int]] = {}

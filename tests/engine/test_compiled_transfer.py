@@ -27,17 +27,35 @@ def _same_state(py: TransferLink, cc: Any, what: str) -> None:
     assert py.now == cc.now, what
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# One check, two strengths: a sample in the default run, the full 300 examples under
+# -m slow (.ci/run runs both).
+_STRATEGIES = dict(
     data=st.data(),
     discipline=st.sampled_from(["shared", "fifo"]),
     read=st.sampled_from([1e9, 5e10, 3.3e11, 1e12]),
     write=st.sampled_from([1e9, 2.5e10, 7e11]),
     latency=st.sampled_from([0.0, 1e-5, 8e-5, 0.003]),
 )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_STRATEGIES)  # type: ignore[arg-type]
 def test_compiled_link_matches_the_python_link(
     data: Any, discipline: str, read: float, write: float, latency: float
 ) -> None:
+    _check(data, discipline, read, write, latency)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_STRATEGIES)  # type: ignore[arg-type]
+def test_compiled_link_matches_the_python_link_slow(
+    data: Any, discipline: str, read: float, write: float, latency: float
+) -> None:
+    _check(data, discipline, read, write, latency)
+
+
+def _check(data: Any, discipline: str, read: float, write: float, latency: float) -> None:
     py = TransferLink(read, write, latency, discipline=discipline)  # type: ignore[arg-type]
     cc = make_transfer_link(read, write, latency, discipline=discipline, compiled=True)  # type: ignore[arg-type]
     now = 0.0
