@@ -197,6 +197,12 @@ def test_sweep_option_values(tmp_path: Path) -> None:
 
 
 def test_run_option_values(tmp_path: Path) -> None:
+    # every third case in the default run (each is a CLI invocation); all of them under -m slow
+    run_cases(_run_flag_cases()[::3], tmp_path)
+
+
+@pytest.mark.slow
+def test_run_option_values_all(tmp_path: Path) -> None:
     run_cases(_run_flag_cases(), tmp_path)
 
 

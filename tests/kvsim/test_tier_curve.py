@@ -65,11 +65,24 @@ GPU = [0, 1, 2, 3, 5, 8, INF]
 CPU = [0, 1, 2, 4, 7, 12, INF]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(trace=small_traces(), block_size=st.sampled_from([1, 2, 3, 4, 8]))
 def test_grid_equals_two_lru_lists_and_stays_under_the_optimal_bound(
     trace: Trace, block_size: int
 ) -> None:
+    check_grid(trace, block_size)
+
+
+@pytest.mark.slow  # the full-strength twin of the test above
+@settings(max_examples=150, deadline=None)
+@given(trace=small_traces(), block_size=st.sampled_from([1, 2, 3, 4, 8]))
+def test_grid_equals_two_lru_lists_and_stays_under_the_optimal_bound_slow(
+    trace: Trace, block_size: int
+) -> None:
+    check_grid(trace, block_size)
+
+
+def check_grid(trace: Trace, block_size: int) -> None:
     curve = tier_curve(trace, GPU, CPU, block_size)
     one_tier = cache_curve(trace, block_size, [g * block_size for g in GPU[1:]])  # tokens
     lru_1d = [0] + [r["hit_tokens"] for r in one_tier.rows if r["policy"] == "lru"]
