@@ -39,6 +39,18 @@ def load() -> ModuleType | None:
     return _load()[0]
 
 
+def chosen(compiled: bool | None) -> ModuleType | None:
+    """The core for a factory's ``compiled`` argument (make_cpu_tier, make_transfer_link):
+    None = the core when ``load()`` has it, else None (the Python class); True = the core,
+    RuntimeError when it is not loaded; False = None."""
+    if compiled is False:
+        return None
+    core = load()
+    if core is None and compiled:
+        raise RuntimeError(f"the compiled core is not available: {unavailable_reason()}")
+    return core
+
+
 def unavailable_reason() -> str | None:
     """Why ``load()`` returns None, in one line; None when the compiled core is loaded."""
     return _load()[1]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.compiled import load
+from engine.compiled import chosen
 from engine.offload.policies import ChunkStatus, OffloadKey, RequestContext, make_policy
 
 
@@ -206,9 +206,7 @@ def make_cpu_tier(num_chunks: int, policy: str = "lru", *, compiled: bool | None
     ``compiled``: None = the compiled one when the extension is built and
     ``KVSIM_PURE_PYTHON`` is not 1; True = the compiled one (RuntimeError when unavailable);
     False = the Python one."""
-    core = load() if compiled is not False else None
+    core = chosen(compiled)
     if core is None:
-        if compiled:
-            raise RuntimeError("the compiled core is not available (engine.compiled.load())")
         return CPUOffloadManager(num_chunks, policy)
     return core.CpuTier(num_chunks, policy)

@@ -28,7 +28,7 @@ import math
 from collections.abc import Hashable, Iterable
 from typing import Literal
 
-from engine.compiled import load
+from engine.compiled import chosen
 from engine.core.errors import EngineError
 
 Direction = Literal["read", "write"]
@@ -297,12 +297,10 @@ def make_transfer_link(
     """A TransferLink (arguments as its), or its compiled mirror (engine/compiled:
     ``CompiledTransferLink``, the same completion times bit for bit, integer job ids only).
     ``compiled``: None = the compiled one when the extension is built and
-    ``KVSIM_PURE_PYTHON`` is not 1; True = the compiled one (TransferError when
-    unavailable); False = the Python one."""
-    core = load() if compiled is not False else None
+    ``KVSIM_PURE_PYTHON`` is not 1; True = the compiled one (RuntimeError when
+    unavailable); False = the Python one (engine.compiled.chosen)."""
+    core = chosen(compiled)
     if core is None:
-        if compiled:
-            raise TransferError("the compiled core is not available (engine.compiled.load())")
         return TransferLink(read_bytes_per_s, write_bytes_per_s, latency_s, discipline=discipline)
     link: TransferLink = core.CompiledTransferLink(
         read_bytes_per_s, write_bytes_per_s, latency_s, discipline=discipline

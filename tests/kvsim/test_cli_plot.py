@@ -167,8 +167,9 @@ def test_export_trace_defaults_into_the_run_folder(run_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     ("command", "name", "extra"),
-    [("export-trace", "t.json", []), ("report", "r.html", []),
-     ("animate", "a.gif", ["--frames", "2"])],
+    [("export-trace", "t.json", []),
+     pytest.param("report", "r.html", [], marks=pytest.mark.slow),  # the same rule, 5 s
+     pytest.param("animate", "a.gif", ["--frames", "2"], marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_a_named_output_file_is_replaced_only_with_force(
     run_dir: Path, tmp_path: Path, command: str, name: str, extra: list[str]

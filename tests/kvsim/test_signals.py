@@ -98,6 +98,9 @@ def assert_gone(process: subprocess.Popen[bytes]) -> None:
         time.sleep(0.1)
 
 
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     ("signum", "code", "line"),
     [
@@ -116,8 +119,11 @@ def test_a_signal_mid_run_leaves_nothing(signum: int, code: int, line: str, tmp_
 
 @pytest.mark.parametrize(
     ("signum", "code", "whole_group"),
-    [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)],
-    ids=["ctrl-c-to-the-group", "sigterm-to-the-driver"],
+    [
+        pytest.param(signal.SIGINT, 130, True, id="ctrl-c-to-the-group"),
+        # the driver's own handler, alone: under -m slow (.ci/run), each case takes seconds
+        pytest.param(signal.SIGTERM, 143, False, id="sigterm-to-the-driver", marks=SLOW),
+    ],
 )
 def test_a_signal_mid_sweep_stops_every_worker_and_leaves_nothing(
     signum: int, code: int, whole_group: bool, tmp_path: Path
@@ -150,8 +156,11 @@ def drawing(parent: Path) -> Callable[[], bool]:
 
 @pytest.mark.parametrize(
     ("signum", "code", "whole_group"),
-    [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)],
-    ids=["ctrl-c-to-the-group", "sigterm-to-the-driver"],
+    [
+        pytest.param(signal.SIGINT, 130, True, id="ctrl-c-to-the-group"),
+        # the driver's own handler, alone: under -m slow (.ci/run), each case takes seconds
+        pytest.param(signal.SIGTERM, 143, False, id="sigterm-to-the-driver", marks=SLOW),
+    ],
 )
 def test_a_signal_while_pictures_are_drawn_side_by_side_leaves_nothing(
     signum: int, code: int, whole_group: bool, tmp_path: Path
