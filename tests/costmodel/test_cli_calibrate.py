@@ -105,6 +105,7 @@ def test_calibrate_usage_errors(synthetic: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.slow  # seconds of end-to-end work; .ci/run runs the slow set too
 def test_validate_writes_csvs_tables_and_plots(synthetic: Path, tmp_path: Path) -> None:
     out = tmp_path / "v"
     coefficients = tmp_path / "co.json"

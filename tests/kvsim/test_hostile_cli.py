@@ -572,6 +572,7 @@ def _one_request_trace(path: Path, request_id: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # seconds of end-to-end work; .ci/run runs the slow set too
 def test_long_request_ids_are_refused_or_plotted_with_short_labels(tmp_path: Path) -> None:
     huge = _one_request_trace(tmp_path / "huge.jsonl", "r" * 1_000_000)
     result = CliRunner().invoke(app, ["run", str(huge), "--out", str(tmp_path / "no")])

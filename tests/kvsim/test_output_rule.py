@@ -148,6 +148,7 @@ def test_a_run_folder_without_a_manifest_is_left_to_the_user(earlier_run: Path) 
     assert tree(earlier_run) == before
 
 
+@pytest.mark.slow  # seconds of end-to-end work; .ci/run runs the slow set too
 def test_rerunning_over_a_kvsim_run_still_works(earlier_run: Path) -> None:
     result = kvsim("run", "--until", "2", "--out", earlier_run, "--force")  # with plots
     assert result.exit_code == 0, result.output

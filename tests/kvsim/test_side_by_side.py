@@ -31,6 +31,7 @@ def pid_job(folder: Path, i: int, seconds: float = 0.0):
     return job
 
 
+@pytest.mark.slow  # seconds of end-to-end work; .ci/run runs the slow set too
 def test_the_pictures_are_the_same_bytes_drawn_side_by_side(tmp_path: Path) -> None:
     result = run(
         RunConfig(trace="azure_llm_2023_conv_first_2min", until=20.0, num_blocks=400)

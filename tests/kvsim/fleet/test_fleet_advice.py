@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -74,6 +75,7 @@ def test_no_fleet_axis_no_advice_and_no_rate_met_is_said() -> None:
     assert line == "No fleet configuration met the SLOs at any rate probed."
 
 
+@pytest.mark.slow  # seconds of end-to-end work; .ci/run runs the slow set too
 def test_kvsim_capacity_over_routers_prints_and_keeps_the_advice(tmp_path: Path) -> None:
     trace = tmp_path / "agents.jsonl"
     runner = CliRunner()
