@@ -1,6 +1,6 @@
 """Hostile input through the command line: hundreds of generated cases over kvsim run's
-options, --config files, HF model configs, GPU specs, cost-model coefficients, --out paths,
-run folders edited by hand (kvsim plot / report / export-trace / animate) and trace names.
+options, --config files, --out paths and trace names (HF model configs, GPU specs and
+coefficients: test_hostile_specs.py; run folders edited by hand: test_hostile_folders.py).
 
 Every case must exit 0, or exit 2 with exactly one ``error:`` line on stderr (naming the file
 and field where there is one) and nothing on stdout; no traceback, nothing written for a
@@ -13,96 +13,27 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner, Result
+from hostile_harness import (  # noqa: F401  (one_click_command: an autouse fixture)
+    HUGE_INT,
+    OSC8,
+    QUICK,
+    Case,
+    check,
+    one_click_command,
+    run_cases,
+)
+from test_hostile_folders import COMMANDS, folder_edits
+from test_hostile_specs import GPU, LLAMA, spec_cases
+from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.config import RunConfig, option_specs
-from kvsim.outputs.run_folder import write_run
-from kvsim.runner import RunResult, run
-
-QUICK = ("--until", "0.5", "--no-plots")
-HUGE_INT = "9" * 5000  # past Python's 4,300-digit int conversion limit
-OSC8 = "\x1b]8;;https://example.com\x1b\\click\x1b]8;;\x1b\\"
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-@pytest.fixture(autouse=True)
-def one_click_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Build the click command once, not once per invocation (26 ms each, a thousand times):
-    CliRunner.invoke(app) calls typer.main.get_command(app) every time."""
-    import typer.testing
-
-    command = typer.main.get_command(app)
-    monkeypatch.setattr(typer.testing, "_get_command", lambda typer_app: command)
-
-
-@dataclass
-class Case:
-    """``args`` for kvsim, run in a fresh folder after ``setup(folder)``; an exit-2 line must
-    contain every ``names`` fragment (a file, a field)."""
-
-    id: str
-    args: Callable[[Path], list[str]]
-    names: tuple[str, ...] = ()
-    setup: Callable[[Path], None] = lambda folder: None
-    env: dict[str, str] = field(default_factory=dict)
-    must_fail: bool = False
-
-
-def temporaries(folder: Path) -> list[str]:
-    return [
-        str(p.relative_to(folder))
-        for p in folder.rglob("*")
-        if ".kvsim-" in p.name or ".tmp-" in p.name or p.name.startswith("kvsim-point-")
-    ]
-
-
-def check(case: Case, folder: Path) -> Result:
-    """Run ``case`` in ``folder`` (set up already) and check what it did."""
-    before = set(os.listdir(folder))
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        result = CliRunner().invoke(app, case.args(folder), env=case.env or None)
-    finally:
-        os.chdir(cwd)
-    assert result.exit_code in (0, 2), (case.id, result.exit_code, result.output[-2000:])
-    assert "Traceback" not in result.output, (case.id, result.output[-2000:])
-    assert not temporaries(folder), (case.id, temporaries(folder))
-    if case.must_fail:
-        assert result.exit_code == 2, (case.id, result.output[-2000:])
-    if result.exit_code == 2:
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1, (case.id, lines)
-        assert lines[0].startswith("error: "), (case.id, lines)
-        # nothing on stdout (a forced-colour terminal may get the cursor shown again)
-        assert not ANSI.sub("", result.stdout).strip(), (case.id, result.stdout[-2000:])
-        for name in case.names:
-            assert name in lines[0], (case.id, name, lines[0])
-        assert "\x1b]8;;" not in result.stderr, case.id  # no link smuggled into the terminal
-        assert set(os.listdir(folder)) == before, (case.id, "wrote something")
-    return result
-
-
-def run_cases(cases: list[Case], tmp_path: Path) -> None:
-    """Each case in its own folder (a case's leftovers cannot hide another's)."""
-    for i, case in enumerate(cases):
-        folder = tmp_path / f"c{i}"
-        folder.mkdir()
-        case.setup(folder)
-        check(case, folder)
-
 
 # --- kvsim run: option values ----------------------------------------------------------------
 
@@ -325,90 +256,6 @@ def test_config_files(tmp_path: Path) -> None:
     run_cases(_config_cases(), tmp_path)
 
 
-# --- HF model configs, GPU specs, coefficients -------------------------------------------------
-
-LLAMA = {
-    "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 688,
-    "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "float16",
-}  # fmt: skip
-GPU = {
-    "name": "mygpu", "memory_bytes": 80e9, "peak_flops": 312e12, "memory_bandwidth": 2.0e12,
-}  # fmt: skip
-
-
-def _spec_cases(flag: str, good: dict[str, Any], file: str, every: int = 1) -> list[Case]:
-    """Each field set to each bad value (every ``every``-th of these), then whole-file faults."""
-    cases = []
-    mutations: list[tuple[str, Any]] = []
-    for key in good:
-        for value in (0, -1, None, "32", 1.5, True, [], {}, 10**400, float("nan"), "x" * 500):
-            mutations.append((key, value))
-    for i, (key, value) in enumerate(mutations):
-        if i % every:
-            continue
-        data = {**good, key: value}
-        text = json.dumps(data, allow_nan=True).replace(json.dumps(10**400), "1" + "0" * 400)
-        cases.append(
-            Case(
-                f"{flag}-{key}-{i}",
-                lambda f: ["run", flag, file, *QUICK, "--out", "o"],
-                names=(file,),
-                setup=lambda f, text=text: (f / file).write_text(text),
-            )
-        )
-    for key, text in {
-        "list": "[1]",
-        "deep": "{" + '"a":{' * 50_000 + "}" * 50_001,
-        "huge-int": "{" + f'"{next(iter(good))}": {HUGE_INT}' + "}",
-        "not-json": "nope",
-        "unknown-key": json.dumps({**good, "bogus_key": 1}),
-    }.items():
-        cases.append(
-            Case(
-                f"{flag}-{key}",
-                lambda f: ["run", flag, file, *QUICK, "--out", "o"],
-                names=(file,),
-                setup=lambda f, text=text: (f / file).write_text(text),
-                must_fail=key != "unknown-key" or flag != "--model",
-            )
-        )
-    return cases
-
-
-def test_hf_model_configs(tmp_path: Path) -> None:
-    # every third field-and-value pair (each bad value still meets three of the nine fields):
-    # a model config kvsim accepts makes a whole run (0.6 s), and a dozen of them are accepted
-    run_cases(_spec_cases("--model", LLAMA, "config.json", every=3), tmp_path)
-
-
-@pytest.mark.slow
-def test_hf_model_configs_every_case(tmp_path: Path) -> None:
-    run_cases(_spec_cases("--model", LLAMA, "config.json"), tmp_path)
-
-
-def test_gpu_specs(tmp_path: Path) -> None:
-    run_cases(_spec_cases("--gpu", GPU, "gpu.json"), tmp_path)
-
-
-def test_coefficient_files(tmp_path: Path) -> None:
-    cases = []
-    for i, text in enumerate(
-        ["[]", "{", '{"bogus": 1}', '{"compute_efficiency": -1}', '{"compute_efficiency": "1"}',
-         '{"compute_efficiency": NaN}', '{"memory_efficiency": 2}', "[" * 50_000, ""]
-    ):  # fmt: skip
-        cases.append(
-            Case(
-                f"coefficients-{i}",
-                lambda f: ["run", "--coefficients", "k.json", *QUICK, "--out", "o"],
-                names=("k.json",),
-                setup=lambda f, text=text: (f / "k.json").write_text(text),
-                must_fail=True,
-            )
-        )
-    run_cases(cases, tmp_path)
-
-
 # --- --out -------------------------------------------------------------------------------------
 
 
@@ -439,110 +286,6 @@ def test_out_paths(tmp_path: Path) -> None:
     ]
     run_cases(cases, tmp_path)
     assert (tmp_path / "c4" / "notes.txt").read_text() == "mine"
-
-
-# --- run folders edited by hand ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    result: RunResult = run(RunConfig(trace="azure_llm_2023_conv_first_2min", until=5.0))
-    return write_run(result, tmp_path_factory.mktemp("run") / "run", plots=False)
-
-
-def _drop_column(table: str, column: str) -> Callable[[Path], None]:
-    def edit(folder: Path) -> None:
-        path = folder / "run" / f"{table}.parquet"
-        pq.write_table(pq.read_table(path).drop_columns([column]), path)
-
-    return edit
-
-
-def _retype_column(table: str, column: str) -> Callable[[Path], None]:
-    def edit(folder: Path) -> None:
-        path = folder / "run" / f"{table}.parquet"
-        t = pq.read_table(path)
-        i = t.schema.get_field_index(column)
-        strings = pa.array(["x"] * len(t), type=pa.string())
-        pq.write_table(t.set_column(i, column, strings), path)
-
-    return edit
-
-
-def _summary(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
-    def edit(folder: Path) -> None:
-        path = folder / "run" / "summary.json"
-        path.write_text(json.dumps(change(json.loads(path.read_text())), allow_nan=True))
-
-    return edit
-
-
-def _folder_edits() -> dict[str, tuple[Callable[[Path], None], tuple[str, ...]]]:
-    from kvsim.outputs.run_folder import COLUMNS
-
-    edits: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {}
-    for table, columns in COLUMNS.items():
-        for column, kind in columns.items():
-            edits[f"drop-{table}-{column}"] = (_drop_column(table, column), (table, column))
-            if kind != "text":
-                edits[f"retype-{table}-{column}"] = (_retype_column(table, column), (column,))
-    for name in ("num_blocks", "block_size", "sim_duration_s", "num_requests", "ttft_s"):
-        bad: tuple[Any, ...] = ("x", [], True, {"a": "b"})
-        if name in ("num_blocks", "block_size", "sim_duration_s"):
-            bad += (-1, float("nan"), None)
-        for i, value in enumerate(bad):
-            edits[f"summary-{name}-{i}"] = (
-                _summary(lambda s, n=name, v=value: {**s, n: v}),
-                ("summary.json", name),
-            )
-    edits["summary-list"] = (_summary(lambda s: [s]), ("summary.json",))
-    edits["summary-not-json"] = (lambda f: (f / "run" / "summary.json").write_text("{"), ())
-    edits["config-broken"] = (lambda f: (f / "run" / "config.json").write_text("[]"), ())
-    edits["parquet-garbage"] = (
-        lambda f: (f / "run" / "steps.parquet").write_bytes(b"PAR1 not really"),
-        ("steps.parquet",),
-    )
-    edits["no-summary"] = (lambda f: (f / "run" / "summary.json").unlink(), ("summary.json",))
-    return edits
-
-
-COMMANDS = {
-    "plot": lambda f: ["plot", "run", "-o", "pngs", "--what", "free-blocks"],
-    "report": lambda f: ["report", "run", "-o", "r.html"],
-    "export-trace": lambda f: ["export-trace", "run", "-o", "t.json"],
-    "animate": lambda f: ["animate", "run", "-o", "a.gif", "--frames", "2"],
-}
-
-
-def test_hand_edited_run_folders(small_run: Path, tmp_path: Path) -> None:
-    cases = []
-    for key, (edit, names) in _folder_edits().items():
-        for command, args in COMMANDS.items():
-
-            def setup(f: Path, edit: Callable[[Path], None] = edit) -> None:
-                shutil.copytree(small_run, f / "run")
-                edit(f)
-
-            cases.append(Case(f"{key}-{command}", args, names=names, setup=setup, must_fail=True))
-    run_cases(cases, tmp_path)
-
-
-def test_a_sweep_point_without_events_is_plotted(small_run: Path, tmp_path: Path) -> None:
-    point = tmp_path / "run"
-    shutil.copytree(small_run, point)
-    (point / "events.parquet").unlink()
-    result = CliRunner().invoke(app, ["plot", str(point)])
-    assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (point / "plots").iterdir()) == [  # a v1 run's pictures
-        "batch_size.png", "free_blocks.png", "kv_breakdown.png", "latency_cdfs.png",
-        "prefix_hit_rate.png", "prompt_tokens.png",
-    ]  # fmt: skip
-    assert "skipped occupancy, gantt" in result.stdout
-    for args in (["plot", str(point), "--what", "gantt"], ["animate", str(point), "-o", "a.gif"]):
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 2 and "kvsim run --config" in result.stderr, result.output
-    result = CliRunner().invoke(app, ["report", str(point)])
-    assert result.exit_code == 0, result.output
 
 
 # --- trace names and info --------------------------------------------------------------------
@@ -590,16 +333,8 @@ def test_long_request_ids_are_refused_or_plotted_with_short_labels(tmp_path: Pat
 def test_the_suite_is_hundreds_of_cases() -> None:
     total = (
         len(_run_flag_cases()) + len(_contradiction_cases()) + len(_config_cases())
-        + len(_spec_cases("--model", LLAMA, "c")) + len(_spec_cases("--gpu", GPU, "g"))
-        + len(_folder_edits()) * len(COMMANDS)
+        + len(spec_cases("--model", LLAMA, "c")) + len(spec_cases("--gpu", GPU, "g"))
+        + len(folder_edits()) * len(COMMANDS)
     )  # fmt: skip
     assert total >= 500
     assert not math.isnan(total)
-
-
-def test_labels_are_one_short_line_and_never_mathtext() -> None:
-    from kvsim.plots._common import text_label
-
-    assert text_label("r" * 1000) == "r" * 23 + "\u2026"
-    assert text_label("a\nb\tc") == "a b c"
-    assert text_label("$x^2$") == r"\$x^2\$"
