@@ -92,24 +92,38 @@ class CompiledV1Simulation(Simulation):
         self._own_clock = kwargs.get("env") is None  # a fleet's replicas share one
         core_module = load()
         assert core_module is not None, "check compiled_v1_applies first"
-        bm = scheduler.block_manager
-        self.core = core_module.V1Core.from_config(
-            scheduler.config,
-            bm.num_blocks,
-            bm.block_size,
-            bm.enable_prefix_caching,
-            watermark=bm.watermark,
-            prefix_cache_events=self.recorder.prefix_cache_events,
-            track_residency=on_residency is not None,
-            residency_capacity=residency_sample[0],
-            residency_seed=residency_sample[1],
-            track_usage=on_usage is not None,
+        self.core = self._make_core(
+            core_module, scheduler, on_residency is not None, residency_sample, on_usage is not None
         )
         self._final_length_of = final_length_of
         self._on_usage = on_usage
         self._on_residency = on_residency
         self._key_source = key_source
         self.core.start_loop(step_prices(executor, scheduler.config))
+
+    def _make_core(
+        self,
+        core_module: Any,
+        scheduler: Scheduler,
+        track_residency: bool,
+        residency_sample: tuple[int, int],
+        track_usage: bool,
+    ) -> Any:
+        """The compiled scheduler this simulation steps (a subclass's own: CompiledClassic-
+        Simulation's ClassicCore)."""
+        bm = scheduler.block_manager
+        return core_module.V1Core.from_config(
+            scheduler.config,
+            bm.num_blocks,
+            bm.block_size,
+            bm.enable_prefix_caching,
+            watermark=bm.watermark,
+            prefix_cache_events=self.recorder.prefix_cache_events,
+            track_residency=track_residency,
+            residency_capacity=residency_sample[0],
+            residency_seed=residency_sample[1],
+            track_usage=track_usage,
+        )
 
     # Whether ``run`` may replay an open-loop trace without simpy (kvsim/sim/inline_clock.py);
     # False makes it take simpy's path always (tests compare the two).
@@ -225,7 +239,7 @@ class CompiledV1Simulation(Simulation):
         self._durations.frombytes(steps["duration_s"].tobytes())
         self._filled.frombytes(steps["filled_slots"].tobytes())
         self._running.frombytes(steps["num_running"].tobytes())
-        assert self._cached_free is not None  # a v1 run's
-        self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
+        if self._cached_free is not None:  # a v1 run's (the classic pool caches nothing)
+            self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
         self._prefill_at.frombytes(steps["prefill_at"].tobytes())
         self._prefill_tokens.frombytes(steps["prefill_tokens"].tobytes())
