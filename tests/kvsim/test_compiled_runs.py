@@ -111,10 +111,9 @@ def test_priorities_and_cancellations_match(
     run_both(config, tmp_path, monkeypatch)
 
 
-def test_classic_and_contiguous_runs_stay_on_python(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = RunConfig(trace="azure_llm_2023_conv_first_2min", scheduler="classic")
+def test_contiguous_runs_stay_on_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # classic runs on paged KV run on the core: tests/kvsim/test_compiled_classic_runs.py
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min", allocator="pow2")
     run_both(config, tmp_path, monkeypatch, uses_core=False)
 
 
