@@ -65,15 +65,22 @@ class ClassicPair:
         """A request whose length (from ``c``) is a few blocks, sometimes more than half the
         pool (some never fit, some only alone), and whose output (from ``d``) is up to the
         setup's ``max_output`` tokens."""
-        setup, bs, seq_id = self.setup, self.bs, self.next_id
-        self.next_id += 1
+        setup, bs = self.setup, self.bs
         length = (1 + c % 4) * bs + (c // 4 % bs if c % 3 else 0)
         if c % 13 == 0:
             length += setup["num_blocks"] * bs // 2
-        max_tokens = 1 + d % setup["max_output"]
+        self.submit(length, 1 + d % setup["max_output"])
+
+    def submit(self, length: int, max_tokens: int) -> Sequence:
+        """Add a ``length``-token prompt generating ``max_tokens`` to both; returns the
+        Python side's Sequence."""
+        seq_id = self.next_id
+        self.next_id += 1
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        self.py.add_request(Sequence(seq_id, range(length), params, self.now))
+        seq = Sequence(seq_id, range(length), params, self.now)
+        self.py.add_request(seq)
         self.core.add_request(seq_id, length, max_tokens)
+        return seq
 
     def abort(self, a: int) -> None:
         seq_id = a % max(self.next_id, 1)
