@@ -195,4 +195,3 @@ def test_misuse_raises() -> None:
         c.schedule()
     with pytest.raises(ValueError, match="classic"):
         core.ClassicCore.from_config(SchedulerConfig(scheduler="v1"), 4, 4)
-

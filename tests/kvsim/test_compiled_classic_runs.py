@@ -16,7 +16,7 @@ from workloads import Request, Trace, save_trace
 
 if engine.compiled.load() is None:
     pytest.skip(str(engine.compiled.unavailable_reason()), allow_module_level=True)
-from tests.kvsim.test_compiled_runs import run_both  # noqa: E402  (only with the extension)
+from tests.kvsim.test_compiled_runs import run_both  # only with the extension
 
 CLASSIC = {"scheduler": "classic"}
 
