@@ -1,6 +1,7 @@
 # The compiled classic scheduler and its engine loop (csrc/classic_scheduler.hpp, sim_loop.hpp).
 # (included by _core.pyx after _v1core.pxi, whose step tuple, price terms and status names it
-# shares: one extension module, split for reading)
+# shares, as V1Core shares the finished tuples, step prices and STEP columns made here: one
+# extension module, split for reading)
 
 cdef extern from "csrc/classic_scheduler.hpp" namespace "kvsim":
     cdef cppclass ClassicConfig:
@@ -87,7 +88,7 @@ cdef list _finished_tuples(const vector[FinishedRecord]& done):
     return out
 
 
-cdef StepPrices _step_prices(dict prices) except *:
+cdef StepPrices _step_prices(prices) except *:
     """StepPrices from ``{"linear": (base_s, per_token_s)}`` or
     ``CostModel.step_price_terms()``'s dict."""
     cdef StepPrices p

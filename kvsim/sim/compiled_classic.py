@@ -19,22 +19,19 @@ from typing import Any
 
 import simpy
 
-from engine import BlockManager, Scheduler
-from engine.compiled import load
-from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
-from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
+from engine import Scheduler
+from kvsim.sim.compiled_v1 import (
+    CompiledV1Simulation,
+    compiled_core_applies,
+    compiled_v1_applies,
+)
+from kvsim.sim.executor import Executor
 from workloads import Request
 
 
 def compiled_classic_applies(scheduler: Scheduler, executor: Executor, fast: bool) -> bool:
     """Whether a run of ``scheduler`` priced by ``executor`` can run on ClassicCore."""
-    return (
-        fast
-        and not scheduler.is_v1
-        and type(scheduler.block_manager) is BlockManager  # not a contiguous allocator
-        and type(executor) in (CostModelExecutor, LinearStepExecutor)
-        and load() is not None
-    )
+    return not scheduler.is_v1 and compiled_core_applies(scheduler, executor, fast)
 
 
 def compiled_simulation_class(

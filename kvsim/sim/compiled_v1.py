@@ -41,9 +41,14 @@ KeySource = Callable[[Request], tuple[list[int], int] | None]  # (hash_ids, hash
 
 def compiled_v1_applies(scheduler: Scheduler, executor: Executor, fast: bool) -> bool:
     """Whether a run of ``scheduler`` priced by ``executor`` can run on the compiled core."""
+    return scheduler.is_v1 and compiled_core_applies(scheduler, executor, fast)
+
+
+def compiled_core_applies(scheduler: Scheduler, executor: Executor, fast: bool) -> bool:
+    """Whether a compiled core (V1Core, or ClassicCore: kvsim/sim/compiled_classic.py) can run
+    ``scheduler``'s placeholder-token run priced by ``executor``, whichever its policy."""
     return (
         fast
-        and scheduler.is_v1
         and type(scheduler.block_manager) is BlockManager  # not a contiguous allocator
         and type(executor) in (CostModelExecutor, LinearStepExecutor)
         and load() is not None

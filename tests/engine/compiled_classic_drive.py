@@ -10,23 +10,35 @@ with ``fast``, cost mode's FastDecodeScheduler. Import this module only once
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from engine import BlockManager, EventRecorder, SamplingParams, SchedulerConfig, Sequence
+from engine import (
+    BlockManager,
+    EventRecorder,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerOutput,
+    Sequence,
+)
 from engine.compiled import _core as core
 from engine.factory import make_scheduler
 from kvsim.sim.executor import CostModelExecutor, _counts
-from kvsim.sim.simulation import prefill_tokens
-from tests.engine.compiled_v1_drive import assert_column
+from tests.engine.compiled_v1_drive import (
+    Op,
+    OperationStream,
+    assert_same_events,
+    assert_same_requests,
+    assert_same_step,
+    op_strategy,
+    random_ops,
+)
 
-Op = tuple[str, int, int, int, int]
+__all__ = ["ClassicPair", "Op", "drive", "make_setup", "op_strategy", "random_ops"]
+
 TOKEN = 0  # the placeholder every step samples
 
 
-class ClassicPair:
+class ClassicPair(OperationStream):
     """A Python classic Scheduler over a BlockManager and a ClassicCore, in lockstep."""
 
     def __init__(self, setup: dict[str, Any]) -> None:
@@ -54,17 +66,15 @@ class ClassicPair:
         )  # fmt: skip
         self.next_id = 0
         self.num_steps = 0
+        self.token = TOKEN
 
     # --- operations -----------------------------------------------------------------------
 
-    def tick(self, dt: float) -> None:
-        self.now += dt
-        self.core.set_time(self.now)
-
-    def add(self, c: int, d: int) -> None:
+    def add(self, a: int, b: int, c: int, d: int) -> None:
         """A request whose length (from ``c``) is a few blocks, sometimes more than half the
         pool (some never fit, some only alone), and whose output (from ``d``) is up to the
-        setup's ``max_output`` tokens."""
+        setup's ``max_output`` tokens (``a`` and ``b`` are not read: no priorities, no
+        shared prefixes)."""
         setup, bs = self.setup, self.bs
         length = (1 + c % 4) * bs + (c // 4 % bs if c % 3 else 0)
         if c % 13 == 0:
@@ -82,64 +92,14 @@ class ClassicPair:
         self.core.add_request(seq_id, length, max_tokens)
         return seq
 
-    def abort(self, a: int) -> None:
-        seq_id = a % max(self.next_id, 1)
-        assert self.core.abort(seq_id) == self.py.abort(seq_id)
-
-    def step(self, mid: Op | Callable[[], None] | None = None) -> None:
-        """One schedule / update on both; ``mid`` (an add or abort) runs between them."""
-        py, c = self.py, self.core
-        self.num_steps += 1
-        out = py.schedule()
-        info = c.schedule()
+    def schedule_both(self) -> SchedulerOutput:
+        out = self.py.schedule()
+        info = self.core.schedule()
         self.sync()
-        assert c.scheduled() == ([s.seq_id for s in out.seqs], out.num_new_tokens)
-        assert c.preempted() == [s.seq_id for s in out.preempted]
-        assert c.rejected() == [s.seq_id for s in out.rejected]
         # the executor's own rule for the blocks a step walks (it reads nothing of itself)
-        walked = CostModelExecutor.blocks_walked(None, out, py)  # type: ignore[arg-type]
-        expected = (
-            *_counts(out, walked, py),
-            int(out.kind),
-            prefill_tokens(out),
-            len(out.preempted),
-            len(out.rejected),
-        )
-        assert info == expected, (info, expected)
-        assert (info[0] == 0) == out.is_empty
-        self.compare()
-        if callable(mid):
-            mid()
-        elif mid is not None:
-            self.apply(mid)
-        done = py.update(out, [TOKEN] * len(out.seqs))
-        got = c.update()
-        assert got == [(s.seq_id, s.status.value, s.finish_reason) for s in done]
-        self.compare()
-
-    def apply(self, op: Op) -> None:
-        name, a, b, c, d = op
-        if name == "add":
-            self.add(c, d)
-        elif name == "step":
-            for _ in range(a % 4 + 1):
-                self.step()
-        elif name == "abort":
-            self.abort(a)
-        elif name == "abort_mid":
-            self.step(("abort", a, 0, 0, 0))
-        elif name == "add_mid":
-            self.step(("add", a, b, c, d))
-        elif name == "tick":
-            self.tick(a / 8)
-
-    def drain(self, max_steps: int = 200_000) -> None:
-        for _ in range(max_steps):
-            if not self.py.has_unfinished():
-                assert not self.core.has_unfinished()
-                return
-            self.step()
-        raise AssertionError(f"unfinished after {max_steps} steps")
+        walked = CostModelExecutor.blocks_walked(None, out, self.py)  # type: ignore[arg-type]
+        assert_same_step(self.core, info, out, _counts(out, walked, self.py))
+        return out
 
     # --- comparisons ----------------------------------------------------------------------
 
@@ -166,38 +126,17 @@ class ClassicPair:
         if not deep:
             return
         assert c.free_queue() == bm._free[bm._head :]
-        for seq in [*py.running, *py.waiting]:
-            state = c.request(seq.seq_id)
-            assert state is not None
-            assert state["status"] == seq.status.value
-            assert state["cached_token_count"] == seq.cached_token_count
-            assert state["num_generated"] == len(seq.generated_token_ids)
-            assert state["num_preemptions"] == seq.num_preemptions
-            assert state["block_table"] == seq.block_table
+        assert_same_requests(c, [*py.running, *py.waiting])
         bm.check_invariants()
 
     def compare_events(self) -> None:
-        columns, block_ids, hashes, steps = self.core.take_events()
-        assert len(hashes) == 0  # nothing is cached
-        if self.recorder is None:
-            assert len(columns["kind"]) == 0 and len(steps["kind"]) == 0
-            return
-        expected, expected_ids = self.recorder.columns()
-        for name in ("kind", "step", "seq_id", "free_blocks", "num_tokens", "num_blocks"):
-            assert_column(name, columns[name], expected[name])
-        assert_column("time_s", columns["time_s"], expected["time_s"])
-        np.testing.assert_array_equal(block_ids, expected_ids)
-        for name, column in self.recorder.step_columns().items():
-            assert_column(f"step {name}", steps[name], column)
+        assert_same_events(self.core, self.recorder)  # no CACHE / EVICT keys on either side
 
 
 def drive(setup: dict[str, Any], ops: list[Op]) -> ClassicPair:
     """Apply ``ops``, run both to the end, and compare their events."""
     pair = ClassicPair(setup)
-    for op in ops:
-        pair.apply(op)
-    pair.drain()
-    pair.compare_events()
+    pair.run_stream(ops)
     return pair
 
 
@@ -218,19 +157,7 @@ def make_setup(num_blocks: int, block_size: int, **extra: Any) -> dict[str, Any]
     return setup
 
 
-# --- random operation streams ----------------------------------------------------------------
-
-NAMES = ("add", "add", "add", "step", "step", "step", "step", "tick")
-RARE = ("abort", "abort_mid", "add_mid")
-
-
-def random_ops(rng: random.Random, count: int) -> list[Op]:
-    ops = []
-    for _ in range(count):
-        name = rng.choice(RARE) if rng.random() < 0.08 else rng.choice(NAMES)
-        a, b, c, d = (rng.randrange(1000) for _ in range(4))
-        ops.append((name, a, b, c, d))
-    return ops
+# --- random setups (the operation streams are compiled_v1_drive.random_ops) ----------------
 
 
 def random_setup(rng: random.Random, **extra: Any) -> dict[str, Any]:

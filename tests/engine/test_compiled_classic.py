@@ -32,22 +32,13 @@ if engine.compiled.load() is None:
     pytest.skip(str(engine.compiled.unavailable_reason()), allow_module_level=True)
 from engine.compiled import _core as core  # only once the extension is known to load
 from tests.engine.compiled_classic_drive import (
-    NAMES,
-    RARE,
     ClassicPair,
     Op,
     drive,
     make_setup,
+    op_strategy,
     random_ops,
     random_setup,
-)
-
-op_strategy = st.tuples(
-    st.sampled_from(NAMES + RARE),
-    st.integers(0, 60),
-    st.integers(0, 60),
-    st.integers(0, 60),
-    st.integers(0, 60),
 )
 
 
@@ -127,7 +118,7 @@ def test_a_preemption_storm_recomputes_from_the_front_of_the_queue() -> None:
     generated tokens."""
     pair = ClassicPair(make_setup(6, 2, max_num_batched_tokens=64, max_output=8))
     for _ in range(3):
-        pair.add(c=1, d=7)  # 4 tokens (2 blocks), 8 output tokens
+        pair.add(0, 0, c=1, d=7)  # 4 tokens (2 blocks), 8 output tokens
     pair.step()  # prefill all three: every block taken
     assert pair.core.get_num_free_blocks() == 0
     pair.step()  # seq 0 needs a block: seq 2 goes; seq 1 takes the block freed
@@ -157,7 +148,7 @@ def test_rejection_reasons_are_the_python_texts() -> None:
 
 def test_a_sequence_outgrowing_the_pool_alone_is_rejected_with_its_blocks_freed() -> None:
     pair = ClassicPair(make_setup(2, 2, max_output=50))
-    pair.add(c=0, d=9)  # 3 tokens... grows past 4 while running alone
+    pair.add(0, 0, c=0, d=9)  # 3 tokens... grows past 4 while running alone
     pair.drain()
     pair.compare_events()
     assert pair.core.get_num_free_blocks() == 2
@@ -167,12 +158,12 @@ def test_abort_between_schedule_and_update_reuses_no_handle_early() -> None:
     """An aborted request's handle must not go to a request added before the step's update
     (that update would see the new request in the old one's place)."""
     pair = ClassicPair(make_setup(20, 4, max_output=5))
-    pair.add(c=1, d=3)
-    pair.add(c=2, d=3)
+    pair.add(0, 0, c=1, d=3)
+    pair.add(0, 0, c=2, d=3)
 
     def abort_then_add() -> None:
         pair.abort(0)
-        pair.add(c=1, d=2)
+        pair.add(0, 0, c=1, d=2)
 
     pair.step(abort_then_add)
     pair.drain()

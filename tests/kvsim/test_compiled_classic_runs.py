@@ -12,11 +12,10 @@ import pytest
 import engine.compiled
 from kvsim.config import RunConfig
 from kvsim.sim.compiled_classic import CompiledClassicSimulation
-from workloads import Request, Trace, save_trace
 
 if engine.compiled.load() is None:
     pytest.skip(str(engine.compiled.unavailable_reason()), allow_module_level=True)
-from tests.kvsim.test_compiled_runs import run_both  # only with the extension
+from tests.kvsim.test_compiled_runs import grid_config, run_both  # only with the extension
 
 CLASSIC = {"scheduler": "classic"}
 
@@ -53,23 +52,8 @@ def test_compiled_classic_runs_of_whole_traces_match_python(
 def test_cancellations_and_arrivals_at_step_ends_match(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every step takes 0.25 s and requests arrive on the half second, a quarter of them
-    cancelled a second later: steps end exactly at arrivals and aborts hit waiting and
-    running requests."""
-    requests = [
-        Request(
-            request_id=str(i),
-            arrival_time_s=0.5 * (i // 3),
-            prompt_tokens=30 + 7 * (i % 5),
-            output_tokens=3 + i % 4,
-            cancel_after_s=1.0 if i % 4 == 0 else None,
-        )
-        for i in range(90)
-    ]
-    path = tmp_path / "grid.jsonl"
-    save_trace(Trace(name="grid", hash_block_size=None, requests=requests), path)
-    config = RunConfig(trace=str(path), num_blocks=60, step_time="linear:0.25:0", **CLASSIC)
-    run_both(config, tmp_path, monkeypatch)
+    """Steps end exactly at arrivals, and aborts hit waiting and running requests."""
+    run_both(grid_config(tmp_path, **CLASSIC), tmp_path, monkeypatch)
 
 
 def test_classic_runs_take_the_classic_core(monkeypatch: pytest.MonkeyPatch) -> None:

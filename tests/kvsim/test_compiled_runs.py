@@ -143,6 +143,12 @@ def test_steps_ending_exactly_at_an_arrival_match(
     """Every step takes 0.25 s and requests arrive on the half second: steps end exactly at
     arrivals, which the core must leave to the simpy clock (a step only runs inside the core
     when it ends strictly before the next simpy event)."""
+    run_both(grid_config(tmp_path), tmp_path, monkeypatch)
+
+
+def grid_config(tmp_path: Path, **options: object) -> RunConfig:
+    """A run whose steps take 0.25 s each while requests arrive on the half second, a
+    quarter of them cancelled a second later (written to ``tmp_path``)."""
     requests = [
         Request(
             request_id=str(i),
@@ -155,8 +161,7 @@ def test_steps_ending_exactly_at_an_arrival_match(
     ]
     path = tmp_path / "grid.jsonl"
     save_trace(Trace(name="grid", hash_block_size=None, requests=requests), path)
-    config = RunConfig(trace=str(path), num_blocks=60, step_time="linear:0.25:0")
-    run_both(config, tmp_path, monkeypatch)
+    return RunConfig(trace=str(path), num_blocks=60, step_time="linear:0.25:0", **options)
 
 
 def test_the_loop_outcomes_are_the_cores() -> None:
