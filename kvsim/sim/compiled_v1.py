@@ -202,11 +202,13 @@ class CompiledV1Simulation(Simulation):
         (V1Core.run, csrc/sim_loop.hpp): Python is back only for what the clock must see."""
         env, core = self.env, self.core
         chunk_size = self.recorder.chunk_size
-        report_every = self._progress_every if progress is not None else 0
         stop_on_finish = self._closed_loop  # a finish lets a user send the next request
         while True:
-            report_at = core.num_steps + report_every if report_every else sys.maxsize
-            outcome = core.run(env._now, env.peek(), report_at, chunk_size, stop_on_finish)
+            # the next multiple of the progress period (sys.maxsize without a callback): the
+            # core stops there, as the Python loop reports every 4,096 steps
+            outcome = core.run(
+                env._now, env.peek(), self._next_progress, chunk_size, stop_on_finish
+            )
             env._now = core.loop_now  # the steps that ended before the next simpy event
             self._after_run()
             if outcome == PENDING:
@@ -231,7 +233,7 @@ class CompiledV1Simulation(Simulation):
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and self.core.num_steps >= self._next_progress:
-            self._next_progress = self.core.num_steps + self._progress_every
+            self._next_progress += self._progress_every
             progress(self.env.now, self._num_done)
 
     def _before_flush(self) -> None:
