@@ -13,7 +13,8 @@ hypothesis-drawn and seeded operation streams over block sizes 1 to 512, pools o
 off, prompts that never fit or fit only alone (preemption storms, rejections while running),
 aborts (also between a step's schedule and update) and arrivals between them, against the
 plain Scheduler and cost mode's FastDecodeScheduler. The classic scheduler has no priorities
-and no prefix cache, so there are none to draw.
+and no prefix cache, so there are none to draw. test_scheduler.py's conformance scenarios
+that sample only placeholders run here on both paths too.
 """
 
 from __future__ import annotations
@@ -186,3 +187,98 @@ def test_misuse_raises() -> None:
         c.schedule()
     with pytest.raises(ValueError, match="classic"):
         core.ClassicCore.from_config(SchedulerConfig(scheduler="v1"), 4, 4)
+
+
+# --- test_scheduler.py's scenarios on both paths -----------------------------------------------
+# Its cases that sample only placeholder tokens, through ClassicPair (which holds the core to
+# the Python scheduler at every step); each asserts on the core the decision it exists for.
+
+
+def conformance_pair(num_blocks: int = 64, block_size: int = 4, **config: Any) -> ClassicPair:
+    """test_scheduler.make's scheduler (SchedulerConfig's defaults) as a pair."""
+    limits = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, **config}
+    return ClassicPair(make_setup(num_blocks, block_size, **limits))
+
+
+def test_admission_is_fcfs_and_stops_at_the_first_request_that_does_not_fit() -> None:
+    pair = conformance_pair(num_blocks=10, max_num_batched_tokens=64)
+    for length in (16, 40, 4):  # 4 blocks; 10 (not beside the first); would fit, may not pass
+        pair.submit(length, 4)
+    pair.step()
+    assert pair.core.scheduled()[0] == [0] and pair.core.waiting() == [1, 2]
+
+
+@pytest.mark.parametrize(("config", "admitted"), [
+    ({"max_num_batched_tokens": 10, "max_num_seqs": 8}, [0, 1]),
+    ({"max_num_seqs": 3}, [0, 1, 2]),
+])  # fmt: skip
+def test_token_budget_and_max_num_seqs_limit_a_prefill_batch(
+    config: dict[str, int], admitted: list[int]
+) -> None:
+    pair = conformance_pair(**config)
+    for _ in range(4):
+        pair.submit(4, 4)
+    pair.step()
+    assert pair.core.scheduled()[0] == admitted
+
+
+def test_preemption_picks_the_most_recently_admitted() -> None:
+    pair = conformance_pair(num_blocks=4)
+    for _ in range(3):
+        pair.submit(4, 6)
+    pair.step()
+    pair.step()
+    assert pair.core.preempted() == [2] and pair.core.scheduled()[0] == [0, 1]
+    pair.drain()
+    pair.compare_events()
+
+
+def test_resumed_sequence_recomputes_prompt_plus_generated_tokens() -> None:
+    pair = conformance_pair(num_blocks=4)
+    pair.submit(4, 8)
+    pair.submit(7, 8)
+    for _ in range(3):
+        pair.step()
+    assert pair.core.preempted() == [1]
+    while pair.core.request(1)["status"] == "waiting":  # type: ignore[index]
+        pair.step()
+    seq_ids, tokens = pair.core.scheduled()
+    assert tokens[seq_ids.index(1)] == 7 + 2
+
+
+def test_impossible_prompts_are_rejected_while_later_requests_still_run() -> None:
+    pair = conformance_pair(num_blocks=4, max_model_len=100)
+    for length, max_tokens in ((17, 4), (101, 4), (4, 2)):
+        pair.submit(length, max_tokens)
+    pair.step()
+    assert pair.core.rejected() == [0, 1] and pair.core.scheduled()[0] == [2]
+    pair.drain()
+    pair.compare_events()
+
+
+def test_a_sequence_growing_past_the_whole_pool_is_rejected_not_looping() -> None:
+    pair = conformance_pair(num_blocks=2)
+    seq = pair.submit(4, 100)
+    pair.drain(max_steps=50)
+    assert pair.core.step == 6 and seq.num_tokens == 9
+    assert "KV capacity" in (seq.finish_reason or "")
+
+
+def test_max_model_len_finishes_a_sequence_as_length() -> None:
+    pair = conformance_pair(max_model_len=8)
+    seq = pair.submit(6, 100)
+    pair.drain()
+    assert seq.num_tokens == 8 and seq.finish_reason == "length"
+
+
+def test_preempted_sequences_return_to_the_front_of_the_queue_in_admission_order() -> None:
+    pair = conformance_pair(num_blocks=5)
+    for _ in range(5):
+        pair.submit(4, 6)
+    pair.step()
+    pair.submit(4, 4)
+    pair.step()
+    assert pair.core.preempted() == [4, 3, 2] and pair.core.scheduled()[0] == [0, 1]
+    assert pair.core.waiting() == [2, 3, 4, 5]
+    pair.drain()
+    pair.compare_events()
