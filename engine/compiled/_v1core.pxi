@@ -168,18 +168,7 @@ cdef class V1Core:
         return _step_tuple(self.core.schedule())
 
     def update(self):
-        cdef const vector[FinishedRecord]* done = &self.core.update()
-        cdef size_t i
-        cdef list out = []
-        for i in range(done.size()):
-            if done[0][i].status == 3:  # FINISHED_LENGTH: the usual case, no decoding
-                out.append((done[0][i].seq_id, _LENGTH, _LENGTH_REASON))
-            else:
-                out.append((
-                    done[0][i].seq_id, STATUS_VALUES[done[0][i].status],
-                    done[0][i].reason.decode(),
-                ))
-        return out
+        return _finished_tuples(self.core.update())
 
     @property
     def last_step(self):
@@ -289,21 +278,8 @@ cdef class V1Core:
     def start_loop(self, prices):
         """Price steps with ``prices``: ``{"linear": (base_s, per_token_s)}`` (--step-time's
         clock) or ``CostModel.step_price_terms()``'s dict; then ``run`` steps the core."""
-        cdef StepPrices p
-        if "linear" in prices:
-            p.linear = True
-            p.base_s, p.per_token_s = prices["linear"]
-        else:
-            p.linear = False
-            p.seq_table = prices["seq_table"]
-            p.token_table = prices["token_table"]
-            p.decode_fixed = prices["decode_fixed"]
-            p.decode_slope = prices["decode_slope"]
-            p.decode_base = prices["decode_base"]
-            (p.overhead, p.walk, p.walk_in_profile, p.pre_fixed, p.pre_seq, p.pre_causal,
-             p.pre_cached, p.pre_context, p.pre_token) = [prices[n] for n in _PRICE_SCALARS]
         del self.loop
-        self.loop = new CSimLoop(self.core, p)
+        self.loop = new CSimLoop(self.core, _step_prices(prices))  # _classic.pxi
 
     cdef CSimLoop* _loop(self) except NULL:
         if self.loop == NULL:
@@ -344,16 +320,7 @@ cdef class V1Core:
     def take_finished(self):
         """The requests finished since the last take, as ``update()`` gives them."""
         cdef CSimLoop* loop = self._loop()
-        cdef size_t i
-        cdef list out = []
-        for i in range(loop.finished.size()):
-            if loop.finished[i].status == 3:  # FINISHED_LENGTH: the usual case
-                out.append((loop.finished[i].seq_id, _LENGTH, _LENGTH_REASON))
-            else:
-                out.append((
-                    loop.finished[i].seq_id, STATUS_VALUES[loop.finished[i].status],
-                    loop.finished[i].reason.decode(),
-                ))
+        out = _finished_tuples(loop.finished)
         loop.finished.clear()
         return out
 
@@ -412,13 +379,4 @@ cdef class V1Core:
         cdef size_t ns = self.core.step_kinds.size()
         kinds = _owned_array(self.core.step_kinds.release(), ns, "b", 1, np.int8)
         num_seqs = _owned_array(self.core.step_num_seqs.release(), ns, "q", 8, np.int64)
-        is_step = columns["kind"] == 10  # EventKind.STEP
-        steps = {
-            "time_s": columns["time_s"][is_step],
-            "step": columns["step"][is_step].astype(np.int64),
-            "kind": kinds,
-            "num_seqs": num_seqs,
-            "num_batched_tokens": columns["num_tokens"][is_step].astype(np.int64),
-            "free_blocks": columns["free_blocks"][is_step].astype(np.int64),
-        }
-        return columns, block_ids, block_hashes, steps
+        return columns, block_ids, block_hashes, _step_columns(columns, kinds, num_seqs)

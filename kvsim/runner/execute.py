@@ -27,7 +27,8 @@ from kvsim.costmodel import (
     resolve_model,
 )
 from kvsim.sim.allocators import build_allocator
-from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
+from kvsim.sim.compiled_classic import compiled_simulation_class
+from kvsim.sim.compiled_v1 import CompiledV1Simulation
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.engine_mode import (
     EngineExecutor,
@@ -281,7 +282,7 @@ def simulate(
     ``max_model_len``, with ``offload``'s tier behind its prefix cache); ``events_path`` and
     ``finish_events_later`` as ``run``'s."""
     placeholder_tokens = getattr(executor, "placeholder_tokens", False)
-    compiled = False
+    compiled_class: type[CompiledV1Simulation] | None = None
     if scheduler is None:
         if limits is None:
             limits = scheduling_limits(config, resolve_gpu(config.gpu), max_model_len)
@@ -294,7 +295,9 @@ def simulate(
             fast=config.fast_decode and placeholder_tokens and offload is None,
             **_offload_option(offload),
         )  # fmt: skip
-        compiled = offload is None and compiled_v1_applies(scheduler, executor, config.fast_decode)
+        if offload is None:  # the v1 or the classic core (kvsim/sim/compiled_classic.py)
+            compiled_class = compiled_simulation_class(scheduler, executor, config.fast_decode)
+    compiled = compiled_class is not None
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
         prefix_of = prefix_source_of(trace, config.block_size)
@@ -357,7 +360,7 @@ def simulate(
     )
     if offload is not None:
         options["offload_worker"] = offload.worker()
-    sim = (CompiledV1Simulation if compiled else Simulation)(
+    sim = (compiled_class or Simulation)(
         trace.requests,
         scheduler,
         executor,

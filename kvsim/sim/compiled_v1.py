@@ -41,9 +41,14 @@ KeySource = Callable[[Request], tuple[list[int], int] | None]  # (hash_ids, hash
 
 def compiled_v1_applies(scheduler: Scheduler, executor: Executor, fast: bool) -> bool:
     """Whether a run of ``scheduler`` priced by ``executor`` can run on the compiled core."""
+    return scheduler.is_v1 and compiled_core_applies(scheduler, executor, fast)
+
+
+def compiled_core_applies(scheduler: Scheduler, executor: Executor, fast: bool) -> bool:
+    """Whether a compiled core (V1Core, or ClassicCore: kvsim/sim/compiled_classic.py) can run
+    ``scheduler``'s placeholder-token run priced by ``executor``, whichever its policy."""
     return (
         fast
-        and scheduler.is_v1
         and type(scheduler.block_manager) is BlockManager  # not a contiguous allocator
         and type(executor) in (CostModelExecutor, LinearStepExecutor)
         and load() is not None
@@ -92,24 +97,38 @@ class CompiledV1Simulation(Simulation):
         self._own_clock = kwargs.get("env") is None  # a fleet's replicas share one
         core_module = load()
         assert core_module is not None, "check compiled_v1_applies first"
-        bm = scheduler.block_manager
-        self.core = core_module.V1Core.from_config(
-            scheduler.config,
-            bm.num_blocks,
-            bm.block_size,
-            bm.enable_prefix_caching,
-            watermark=bm.watermark,
-            prefix_cache_events=self.recorder.prefix_cache_events,
-            track_residency=on_residency is not None,
-            residency_capacity=residency_sample[0],
-            residency_seed=residency_sample[1],
-            track_usage=on_usage is not None,
+        self.core = self._make_core(
+            core_module, scheduler, on_residency is not None, residency_sample, on_usage is not None
         )
         self._final_length_of = final_length_of
         self._on_usage = on_usage
         self._on_residency = on_residency
         self._key_source = key_source
         self.core.start_loop(step_prices(executor, scheduler.config))
+
+    def _make_core(
+        self,
+        core_module: Any,
+        scheduler: Scheduler,
+        track_residency: bool,
+        residency_sample: tuple[int, int],
+        track_usage: bool,
+    ) -> Any:
+        """The compiled scheduler this simulation steps (a subclass's own: CompiledClassic-
+        Simulation's ClassicCore)."""
+        bm = scheduler.block_manager
+        return core_module.V1Core.from_config(
+            scheduler.config,
+            bm.num_blocks,
+            bm.block_size,
+            bm.enable_prefix_caching,
+            watermark=bm.watermark,
+            prefix_cache_events=self.recorder.prefix_cache_events,
+            track_residency=track_residency,
+            residency_capacity=residency_sample[0],
+            residency_seed=residency_sample[1],
+            track_usage=track_usage,
+        )
 
     # Whether ``run`` may replay an open-loop trace without simpy (kvsim/sim/inline_clock.py);
     # False makes it take simpy's path always (tests compare the two).
@@ -183,11 +202,13 @@ class CompiledV1Simulation(Simulation):
         (V1Core.run, csrc/sim_loop.hpp): Python is back only for what the clock must see."""
         env, core = self.env, self.core
         chunk_size = self.recorder.chunk_size
-        report_every = self._progress_every if progress is not None else 0
         stop_on_finish = self._closed_loop  # a finish lets a user send the next request
         while True:
-            report_at = core.num_steps + report_every if report_every else sys.maxsize
-            outcome = core.run(env._now, env.peek(), report_at, chunk_size, stop_on_finish)
+            # the next multiple of the progress period (sys.maxsize without a callback): the
+            # core stops there, as the Python loop reports every 4,096 steps
+            outcome = core.run(
+                env._now, env.peek(), self._next_progress, chunk_size, stop_on_finish
+            )
             env._now = core.loop_now  # the steps that ended before the next simpy event
             self._after_run()
             if outcome == PENDING:
@@ -212,7 +233,7 @@ class CompiledV1Simulation(Simulation):
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and self.core.num_steps >= self._next_progress:
-            self._next_progress = self.core.num_steps + self._progress_every
+            self._next_progress += self._progress_every
             progress(self.env.now, self._num_done)
 
     def _before_flush(self) -> None:
@@ -225,7 +246,7 @@ class CompiledV1Simulation(Simulation):
         self._durations.frombytes(steps["duration_s"].tobytes())
         self._filled.frombytes(steps["filled_slots"].tobytes())
         self._running.frombytes(steps["num_running"].tobytes())
-        assert self._cached_free is not None  # a v1 run's
-        self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
+        if self._cached_free is not None:  # a v1 run's (the classic pool caches nothing)
+            self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
         self._prefill_at.frombytes(steps["prefill_at"].tobytes())
         self._prefill_tokens.frombytes(steps["prefill_tokens"].tobytes())

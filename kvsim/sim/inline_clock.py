@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import sys
 from typing import Any, Protocol
 
 import simpy
@@ -54,7 +53,7 @@ class InlineSimulation(Protocol):
     core: Any  # engine.compiled's V1Core
     requests: list[Request]
     recorder: EventRecorder
-    _progress_every: int
+    _next_progress: int
     _all_submitted: bool
 
     def submit(self, request: Request) -> simpy.Event | None: ...
@@ -69,7 +68,6 @@ def run_inline(sim: InlineSimulation, progress: Progress | None) -> None:
     module docstring for when that holds: ``CompiledV1Simulation.inline_clock_applies``)."""
     env, core, requests = sim.env, sim.core, sim.requests
     chunk_size = sim.recorder.chunk_size
-    report_every = sim._progress_every if progress is not None else 0
     heap: list[tuple[float, int, int]] = []
     order = itertools.count()  # simpy's event ids: at one time, the first scheduled goes first
     push, pop = heapq.heappush, heapq.heappop
@@ -89,7 +87,7 @@ def run_inline(sim: InlineSimulation, progress: Progress | None) -> None:
                 sim._take_events(chunk_size)
                 sim._report(progress)
             while True:
-                report_at = core.num_steps + report_every if report_every else sys.maxsize
+                report_at = sim._next_progress  # CompiledV1Simulation._engine_loop's
                 next_due = heap[0][0] if heap else math.inf  # env.peek()
                 outcome = core.run(now, next_due, report_at, chunk_size, False)
                 now = env._now = core.loop_now

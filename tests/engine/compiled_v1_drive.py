@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 from engine import (
     BlockManager,
@@ -20,6 +21,7 @@ from engine import (
     SamplingParams,
     Scheduler,
     SchedulerConfig,
+    SchedulerOutput,
     Sequence,
     SequenceStatus,
 )
@@ -34,7 +36,100 @@ TOKEN = 7  # every step samples this id (a token-keyed request's generated block
 SOURCE_KINDS = ("tokens", "hash_ids", "unique")
 
 
-class Pair:
+class OperationStream:
+    """What a lockstep pair does with an operation stream (``random_ops``): its ``add``,
+    ``step``, ``abort`` and ``tick`` on both sides, and the Python ``py`` and compiled
+    ``core`` schedulers run to the end (ClassicPair in compiled_classic_drive.py too)."""
+
+    py: Scheduler
+    core: Any
+    next_id: int  # requests added so far (seq ids 0 .. next_id - 1)
+    num_steps: int
+    now: float  # the clock both sides' events are stamped with
+    token: int  # what every step samples
+
+    def add(self, a: int, b: int, c: int, d: int) -> None:
+        raise NotImplementedError
+
+    def schedule_both(self) -> SchedulerOutput:
+        """Schedule a step on both and check they decided alike; the Python side's output."""
+        raise NotImplementedError
+
+    def step(self, mid: Op | Callable[[], None] | None = None) -> None:
+        """One schedule / update on both; ``mid`` (an add or abort, or a function that acts
+        on both) runs between them."""
+        self.num_steps += 1
+        out = self.schedule_both()
+        self.compare()
+        if callable(mid):
+            mid()
+        elif mid is not None:
+            self.apply(mid)
+        done = self.py.update(out, [self.token] * len(out.seqs))
+        got = self.core.update()
+        assert got == [(s.seq_id, s.status.value, s.finish_reason) for s in done]
+        self.compare()
+
+    def abort(self, a: int) -> None:
+        seq_id = a % max(self.next_id, 1)
+        assert self.core.abort(seq_id) == self.py.abort(seq_id)
+
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self.core.set_time(self.now)
+
+    def apply(self, op: Op) -> None:
+        name, a, b, c, d = op
+        if name == "add":
+            self.add(a, b, c, d)
+        elif name == "step":
+            for _ in range(a % 4 + 1):
+                self.step()
+        elif name == "abort":
+            self.abort(a)
+        elif name == "abort_mid":
+            self.step(("abort", a, 0, 0, 0))
+        elif name == "add_mid":
+            self.step(("add", a, b, c, d))
+        elif name == "tick":
+            self.tick(a / 8)
+
+    def drain(self, max_steps: int = 200_000) -> None:
+        for _ in range(max_steps):
+            if not self.py.has_unfinished():
+                assert not self.core.has_unfinished()
+                return
+            self.step()
+        raise AssertionError(f"unfinished after {max_steps} steps")
+
+    def compare_events(self) -> None:
+        raise NotImplementedError
+
+    def compare(self, deep: bool | None = None) -> None:
+        raise NotImplementedError
+
+    def finish_or_abort(self, max_steps: int) -> None:
+        """Run on to the end, or abort on both what is left after ``max_steps`` steps; then
+        nothing is unfinished and both recorded the same events (a state machine's end)."""
+        for _ in range(max_steps):
+            if not self.py.has_unfinished():
+                break
+            self.step()
+        for seq_id in range(self.next_id):
+            assert self.core.abort(seq_id) == self.py.abort(seq_id)
+        self.compare(deep=True)
+        assert not self.core.has_unfinished() and not self.py.has_unfinished()
+        self.compare_events()
+
+    def run_stream(self, ops: list[Op]) -> None:
+        """Apply ``ops``, run both to the end, and compare their events."""
+        for op in ops:
+            self.apply(op)
+        self.drain()
+        self.compare_events()
+
+
+class Pair(OperationStream):
     """A Python V1Scheduler over a BlockManager and a V1Core, driven in lockstep."""
 
     def __init__(self, setup: dict[str, Any]) -> None:
@@ -76,12 +171,9 @@ class Pair:
         self.id_bases = [[rng.randrange(1 << 62) for _ in range(8)] for _ in range(3)]
         self.next_id = 0
         self.num_steps = 0
+        self.token = TOKEN
 
     # --- operations -----------------------------------------------------------------------
-
-    def tick(self, dt: float) -> None:
-        self.now += dt
-        self.core.set_time(self.now)
 
     def add(self, a: int, b: int, c: int, d: int) -> None:
         setup, bs, seq_id = self.setup, self.bs, self.next_id
@@ -139,63 +231,13 @@ class Pair:
         self.py.add_request(seq)
         assert queued == (seq.status is not SequenceStatus.FINISHED_REJECTED)
 
-    def abort(self, a: int) -> None:
-        seq_id = a % max(self.next_id, 1)
-        assert self.core.abort(seq_id) == self.py.abort(seq_id)
-
-    def step(self, mid: Op | Callable[[], None] | None = None) -> None:
-        """One schedule / update on both; ``mid`` (an add or abort, or a function that acts
-        on both) runs between them."""
+    def schedule_both(self) -> SchedulerOutput:
         py, c = self.py, self.core
-        self.num_steps += 1
         out = py.schedule()
         info = c.schedule()
-        assert c.scheduled() == ([s.seq_id for s in out.seqs], out.num_new_tokens)
-        assert c.preempted() == [s.seq_id for s in out.preempted]
-        assert c.rejected() == [s.seq_id for s in out.rejected]
         assert c.admitted() == [(s.seq_id, s.prefix_hit_tokens) for s in out.admitted]
-        expected = (
-            *_counts(out, self.bm.num_used_blocks, py),
-            int(out.kind),
-            prefill_tokens(out),
-            len(out.preempted),
-            len(out.rejected),
-        )
-        assert info == expected, (info, expected)
-        assert info[8] == int(out.kind) and (info[0] == 0) == out.is_empty
-        self.compare()
-        if callable(mid):
-            mid()
-        elif mid is not None:
-            self.apply(mid)
-        done = py.update(out, [TOKEN] * len(out.seqs))
-        got = c.update()
-        assert got == [(s.seq_id, s.status.value, s.finish_reason) for s in done]
-        self.compare()
-
-    def apply(self, op: Op) -> None:
-        name, a, b, c, d = op
-        if name == "add":
-            self.add(a, b, c, d)
-        elif name == "step":
-            for _ in range(a % 4 + 1):
-                self.step()
-        elif name == "abort":
-            self.abort(a)
-        elif name == "abort_mid":
-            self.step(("abort", a, 0, 0, 0))
-        elif name == "add_mid":
-            self.step(("add", a, b, c, d))
-        elif name == "tick":
-            self.tick(a / 8)
-
-    def drain(self, max_steps: int = 200_000) -> None:
-        for _ in range(max_steps):
-            if not self.py.has_unfinished():
-                assert not self.core.has_unfinished()
-                return
-            self.step()
-        raise AssertionError(f"unfinished after {max_steps} steps")
+        assert_same_step(c, info, out, _counts(out, self.bm.num_used_blocks, py))
+        return out
 
     # --- comparisons ----------------------------------------------------------------------
 
@@ -217,30 +259,54 @@ class Pair:
         if not deep:
             return
         assert c.free_queue() == python_free_queue(bm)
-        for seq in [*py.running, *py.waiting]:
-            state = c.request(seq.seq_id)
-            assert state is not None
-            assert state["status"] == seq.status.value
-            assert state["cached_token_count"] == seq.cached_token_count
-            assert state["num_generated"] == len(seq.generated_token_ids)
-            assert state["num_preemptions"] == seq.num_preemptions
-            assert state["block_table"] == seq.block_table
+        assert_same_requests(c, [*py.running, *py.waiting])
         bm.check_invariants()
 
     def compare_events(self) -> None:
-        columns, block_ids, hashes, steps = self.core.take_events()
-        if self.recorder is None:
-            assert len(columns["kind"]) == 0 and len(steps["kind"]) == 0
-            return
-        expected, expected_ids = self.recorder.columns()
-        for name in ("kind", "step", "seq_id", "free_blocks", "num_tokens", "num_blocks"):
-            assert_column(name, columns[name], expected[name])
-        assert_column("time_s", columns["time_s"], expected["time_s"])
-        np.testing.assert_array_equal(block_ids, expected_ids)
-        np.testing.assert_array_equal(hashes, self.recorder.block_hashes())
-        expected_steps = self.recorder.step_columns()
-        for name, column in expected_steps.items():
-            assert_column(f"step {name}", steps[name], column)
+        assert_same_events(self.core, self.recorder)
+
+
+def assert_same_step(
+    core: Any, info: tuple[int, ...], out: SchedulerOutput, counts: tuple[int, ...]
+) -> None:
+    """``core`` scheduled (``info``: its step tuple) what the Python side did (``out``),
+    priced by the executor's eight ``counts`` (kvsim/sim/executor.py's ``_counts``)."""
+    assert core.scheduled() == ([s.seq_id for s in out.seqs], out.num_new_tokens)
+    assert core.preempted() == [s.seq_id for s in out.preempted]
+    assert core.rejected() == [s.seq_id for s in out.rejected]
+    expected = (*counts, int(out.kind), prefill_tokens(out), len(out.preempted), len(out.rejected))
+    assert info == expected, (info, expected)
+    assert (info[0] == 0) == out.is_empty
+
+
+def assert_same_requests(core: Any, seqs: list[Sequence]) -> None:
+    """Each of ``seqs`` (the Python side's unfinished sequences) has the same status, computed
+    and generated tokens, preemptions and block table in ``core``."""
+    for seq in seqs:
+        state = core.request(seq.seq_id)
+        assert state is not None
+        assert state["status"] == seq.status.value
+        assert state["cached_token_count"] == seq.cached_token_count
+        assert state["num_generated"] == len(seq.generated_token_ids)
+        assert state["num_preemptions"] == seq.num_preemptions
+        assert state["block_table"] == seq.block_table
+
+
+def assert_same_events(core: Any, recorder: EventRecorder | None) -> None:
+    """The events ``core`` (V1Core or ClassicCore) recorded are ``recorder``'s (none without
+    one): every column, block id, CACHE / EVICT key and STEP row."""
+    columns, block_ids, hashes, steps = core.take_events()
+    if recorder is None:
+        assert len(columns["kind"]) == 0 and len(steps["kind"]) == 0
+        return
+    expected, expected_ids = recorder.columns()
+    for name in ("kind", "step", "seq_id", "free_blocks", "num_tokens", "num_blocks"):
+        assert_column(name, columns[name], expected[name])
+    assert_column("time_s", columns["time_s"], expected["time_s"])
+    np.testing.assert_array_equal(block_ids, expected_ids)
+    np.testing.assert_array_equal(hashes, recorder.block_hashes())
+    for name, column in recorder.step_columns().items():
+        assert_column(f"step {name}", steps[name], column)
 
 
 def assert_column(name: str, got: np.ndarray, want: np.ndarray) -> None:
@@ -257,10 +323,7 @@ def assert_column(name: str, got: np.ndarray, want: np.ndarray) -> None:
 def drive(setup: dict[str, Any], ops: list[Op]) -> Pair:
     """Apply ``ops``, run both to the end, and compare their events."""
     pair = Pair(setup)
-    for op in ops:
-        pair.apply(op)
-    pair.drain()
-    pair.compare_events()
+    pair.run_stream(ops)
     return pair
 
 
@@ -291,6 +354,14 @@ def make_setup(num_blocks: int, block_size: int, seed: int, **extra: Any) -> dic
 
 NAMES = ("add", "add", "add", "step", "step", "step", "step", "tick")
 RARE = ("abort", "abort_mid", "add_mid")
+# hypothesis' operations: the same names, small arguments
+op_strategy = st.tuples(
+    st.sampled_from(NAMES + RARE),
+    st.integers(0, 60),
+    st.integers(0, 60),
+    st.integers(0, 60),
+    st.integers(0, 60),
+)
 
 
 def random_ops(rng: random.Random, count: int) -> list[Op]:

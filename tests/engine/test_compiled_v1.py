@@ -31,23 +31,14 @@ if engine.compiled.load() is None:
     pytest.skip(str(engine.compiled.unavailable_reason()), allow_module_level=True)
 from engine.compiled import _core as core  # only once the extension is known to load
 from tests.engine.compiled_v1_drive import (
-    NAMES,
-    RARE,
     SOURCE_KINDS,
     Op,
     Pair,
     drive,
     make_setup,
+    op_strategy,
     random_ops,
     random_setup,
-)
-
-op_strategy = st.tuples(
-    st.sampled_from(NAMES + RARE),
-    st.integers(0, 60),
-    st.integers(0, 60),
-    st.integers(0, 60),
-    st.integers(0, 60),
 )
 
 

@@ -148,15 +148,7 @@ class CompiledV1Machine(RuleBasedStateMachine):
         if not hasattr(self, "pair"):
             return
         pair = self.pair
-        for _ in range(self.drain_steps):  # run on to the end, or abort what is left after that
-            if not pair.py.has_unfinished():
-                break
-            pair.step()
-        for seq_id in range(pair.next_id):
-            assert pair.core.abort(seq_id) == pair.py.abort(seq_id)
-        pair.compare(deep=True)
-        assert not pair.core.has_unfinished() and not pair.py.has_unfinished()
-        pair.compare_events()
+        pair.finish_or_abort(self.drain_steps)
         assert pair.core.get_num_free_blocks() == pair.bm.get_num_free_blocks()
         assert pair.bm.get_num_free_blocks() == pair.setup["num_blocks"]
         pair.bm.check_invariants()

@@ -111,10 +111,9 @@ def test_priorities_and_cancellations_match(
     run_both(config, tmp_path, monkeypatch)
 
 
-def test_classic_and_contiguous_runs_stay_on_python(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = RunConfig(trace="azure_llm_2023_conv_first_2min", scheduler="classic")
+def test_contiguous_runs_stay_on_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # classic runs on paged KV run on the core: tests/kvsim/test_compiled_classic_runs.py
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min", allocator="pow2")
     run_both(config, tmp_path, monkeypatch, uses_core=False)
 
 
@@ -144,6 +143,12 @@ def test_steps_ending_exactly_at_an_arrival_match(
     """Every step takes 0.25 s and requests arrive on the half second: steps end exactly at
     arrivals, which the core must leave to the simpy clock (a step only runs inside the core
     when it ends strictly before the next simpy event)."""
+    run_both(grid_config(tmp_path), tmp_path, monkeypatch)
+
+
+def grid_config(tmp_path: Path, **options: object) -> RunConfig:
+    """A run whose steps take 0.25 s each while requests arrive on the half second, a
+    quarter of them cancelled a second later (written to ``tmp_path``)."""
     requests = [
         Request(
             request_id=str(i),
@@ -156,8 +161,7 @@ def test_steps_ending_exactly_at_an_arrival_match(
     ]
     path = tmp_path / "grid.jsonl"
     save_trace(Trace(name="grid", hash_block_size=None, requests=requests), path)
-    config = RunConfig(trace=str(path), num_blocks=60, step_time="linear:0.25:0")
-    run_both(config, tmp_path, monkeypatch)
+    return RunConfig(trace=str(path), num_blocks=60, step_time="linear:0.25:0", **options)
 
 
 def test_the_loop_outcomes_are_the_cores() -> None:

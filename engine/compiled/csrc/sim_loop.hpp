@@ -40,9 +40,12 @@ enum LoopOutcome : int32_t {
   kReport = 5,
 };
 
-class SimLoop {
+// ``Scheduler``: V1Scheduler, or ClassicScheduler (csrc/classic_scheduler.hpp), which has
+// the same stepping interface.
+template <class Scheduler>
+class SimLoopOf {
  public:
-  SimLoop(V1Scheduler* scheduler, StepPrices prices)
+  SimLoopOf(Scheduler* scheduler, StepPrices prices)
       : sched_(scheduler), prices_(std::move(prices)) {}
 
   // Step from ``now`` while steps end before ``next_due``; see the outcomes above.
@@ -117,10 +120,12 @@ class SimLoop {
     finished.insert(finished.end(), done.begin(), done.end());
   }
 
-  V1Scheduler* sched_;
+  Scheduler* sched_;
   StepPrices prices_;
   double now_ = 0.0;
   double pending_dt_ = 0.0;
 };
+
+using SimLoop = SimLoopOf<V1Scheduler>;
 
 }  // namespace kvsim
