@@ -1,8 +1,8 @@
 """``kvsim plot``: a run folder's pictures as PNGs, over any time window.
 
 It reads the run folder and hands off to kvsim.plots; only this edge turns their exceptions
-into one red line and exit code 2 (kvsim/commands/run_folder_args.py). ``register`` adds the
-other picture commands of kvsim/commands/run_exports.py too.
+into one red line and exit code 2 (kvsim/commands/run_folder_args.py); animate, report and
+export-trace are kvsim/commands/run_exports.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from kvsim.commands.fleet_plot import (
     is_fleet,
     skipped_line,
 )
-from kvsim.commands.run_exports import animate_command, export_trace_command, report_command
 from kvsim.commands.run_folder_args import (
     NO_EVENTS_HINT,
     FromOption,
@@ -182,6 +181,3 @@ def _draw_pictures(
 
 def register(app: typer.Typer) -> None:
     app.command("plot", cls=Command)(plot_command)
-    app.command("animate", cls=Command)(animate_command)
-    app.command("report", cls=Command)(report_command)
-    app.command("export-trace", cls=Command)(export_trace_command)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsim.commands.console import fail, say
+from kvsim.commands.console import Command, fail, say
 from kvsim.commands.fleet_plot import fleet_names, fleet_pngs, is_fleet
 from kvsim.commands.run_folder_args import (
     ForceOption,
@@ -173,3 +173,9 @@ def export_trace_command(
         validate_trace(doc)
         write_file(path, out is None, force, run_dir, lambda tmp: write_trace(doc, tmp))
     say("wrote ", path, f" ({len(doc['traceEvents']):,} trace events)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("animate", cls=Command)(animate_command)
+    app.command("report", cls=Command)(report_command)
+    app.command("export-trace", cls=Command)(export_trace_command)

@@ -13,8 +13,12 @@ from kvsim.cli import COMMAND_MODULES, app, command_group
 
 # modules of kvsim.commands that register nothing (capacity: kvsim capacity's printing; the
 # command is kvsim sweep's, registered by sweep; gen_sessions: kvsim gen's session options;
-# fleet_plot: kvsim plot / report of a fleet's folder; tiers: kvsim cache-curve --tiers)
-HELPERS = {"console", "options", "summary", "capacity", "gen_sessions", "fleet_plot", "tiers"}
+# fleet_plot: kvsim plot / report of a fleet's folder; tiers: kvsim cache-curve --tiers;
+# run_folder_args: what the picture commands share)
+HELPERS = {
+    "console", "options", "summary", "capacity", "gen_sessions", "fleet_plot", "tiers",
+    "run_folder_args",
+}  # fmt: skip
 
 
 def test_the_table_names_exactly_the_commands_each_module_registers() -> None:
