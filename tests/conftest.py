@@ -17,3 +17,17 @@ for _name in ("COLUMNS", "LINES"):
 # then ran several times slower. One torch thread per worker (set before torch is imported).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: object) -> None:
+    """The default run draws the same hypothesis examples every time (derandomize): its time
+    is then the same from run to run (a randomly drawn heavy case once took 45 s of a 3-minute
+    run) and a failure repeats. The slow set (``-m slow``, which .ci/run runs too) draws fresh
+    examples each run, so the properties keep exploring."""
+    from hypothesis import settings
+
+    markexpr = getattr(getattr(config, "option", None), "markexpr", "") or ""
+    exploring = "slow" in markexpr and "not slow" not in markexpr
+    settings.register_profile("kvsim-default", derandomize=True)
+    settings.register_profile("kvsim-slow", derandomize=False)
+    settings.load_profile("kvsim-slow" if exploring else "kvsim-default")
