@@ -127,7 +127,7 @@ class CompiledClassicMachine(RuleBasedStateMachine):
 
 
 CompiledClassicMachine.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=30, deadline=None,
+    max_examples=15, stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 TestCompiledClassicMachine = CompiledClassicMachine.TestCase
