@@ -24,7 +24,7 @@ from engine import (
 from engine.compiled import _core as core
 from engine.factory import make_scheduler
 from kvsim.sim.executor import CostModelExecutor, _counts
-from tests.engine.compiled_v1_drive import (
+from tests.engine.lockstep_drive import (
     Op,
     OperationStream,
     assert_same_events,
@@ -171,7 +171,7 @@ def make_setup(num_blocks: int, block_size: int, **extra: Any) -> dict[str, Any]
     return setup
 
 
-# --- random setups (the operation streams are compiled_v1_drive.random_ops) ----------------
+# --- random setups (the operation streams: lockstep_drive.random_ops) ------------------------
 
 
 def random_setup(rng: random.Random, **extra: Any) -> dict[str, Any]:
