@@ -87,6 +87,10 @@ def commands(traces: list[str], out: Path, pure_python: bool) -> dict[str, list[
         timed[f"kvsim run {trace} --no-plots --scheduler classic"] = [
             *run, str(out / f"classic-{i}"), "--scheduler", "classic",
         ]  # fmt: skip
+        if pure_python:  # classic runs on the compiled core too (ClassicCore)
+            timed[f"kvsim run {trace} --no-plots --scheduler classic{PURE}"] = [
+                *run, str(out / f"classicp-{i}"), "--scheduler", "classic",
+            ]  # fmt: skip
     return timed
 
 

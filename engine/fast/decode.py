@@ -140,6 +140,16 @@ class FastDecodeScheduler(Scheduler):
         self._leave(seq)
         super()._preempt(seq)
 
+    def _make_room(
+        self, seq: Sequence, preempted: list[Sequence], rejected: list[Sequence]
+    ) -> bool:
+        # A sequence that cannot grow alone is rejected with a reason that counts its
+        # tokens: make them exact first, as the plain Scheduler's always are (the reason
+        # counted the tokens of its last mark, a few decode steps short).
+        if seq.seq_id in self._epoch:
+            self._sync(seq)
+        return super()._make_room(seq, preempted, rejected)
+
     def abort(self, seq_id: int) -> bool:
         seq = self._unfinished.get(seq_id)
         if seq is not None and seq_id in self._epoch:

@@ -219,3 +219,19 @@ def test_fast_decode_refuses_sequences_a_token_could_stop():
     sched = FastDecodeScheduler(SchedulerConfig(), BlockManager(8, 4))
     with pytest.raises(SchedulerError, match="placeholder"):
         sched.add_request(Sequence(0, range(3), SamplingParams(eos_token_id=2)))
+
+
+def test_a_sequence_outgrowing_the_pool_alone_is_rejected_with_its_exact_token_count():
+    # It decodes lazily until it needs a third block of two: the rejection's reason counts
+    # its real tokens (prompt 4 + 5 generated), as the plain Scheduler's does, not those of
+    # its last mark.
+    reasons = []
+    for scheduler_class in (Scheduler, FastDecodeScheduler):
+        sched = scheduler_class(SchedulerConfig(), BlockManager(2, 4))
+        seq = Sequence(0, range(4), SamplingParams(max_tokens=100, ignore_eos=True))
+        sched.add_request(seq)
+        while sched.has_unfinished():
+            out = sched.schedule()
+            sched.update(out, [0] * out.num_seqs)
+        reasons.append(seq.finish_reason)
+    assert reasons == ["exceeds KV capacity: 9 tokens do not fit in 2 blocks of 4"] * 2
