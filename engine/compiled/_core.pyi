@@ -200,6 +200,31 @@ class V1Core:
         self,
     ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, np.ndarray]]: ...
 
+OPEN_LOOP_DONE: int
+OPEN_LOOP_YIELD: int
+
+class OpenLoopClock:
+    def __init__(
+        self,
+        core: V1Core,
+        arrival_time_s: np.ndarray,
+        prompt_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        priority: np.ndarray,
+        final_length: np.ndarray | None = None,
+        key_start: np.ndarray | None = None,
+        key_ids: np.ndarray | None = None,
+        key_block_size: np.ndarray | None = None,
+        start: float = 0.0,
+    ) -> None: ...
+    def drive(self, report_every: int, next_report: int, chunk_events: int) -> int: ...
+    @property
+    def now(self) -> float: ...
+    @property
+    def num_submitted(self) -> int: ...
+    @property
+    def all_submitted(self) -> bool: ...
+
 class ResidencyTracker:
     def __init__(self, num_blocks: int, capacity: int, seed: int) -> None: ...
     def consume(

@@ -5,6 +5,7 @@ kvsim/runner/resolve.py)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from engine import Scheduler, make_scheduler
 from engine.core.events import ChunkCallback, Columns
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
-from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
+from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length, final_lengths
 from kvsim.analysis.measure import measure
 from kvsim.analysis.metrics import events_frame, mark_events
 from kvsim.analysis.offload_metrics import transfers_table, transfers_with_tiers
@@ -351,6 +352,9 @@ def simulate(
             else (block_states.residency.capacity, block_states.residency.seed),
             "on_usage": usage.restore_compiled if usage is not None else None,
             "final_length_of": usage.final_length_of if usage is not None else None,
+            "final_lengths_of": functools.partial(final_lengths, max_model_len=max_model_len)
+            if usage is not None
+            else None,
         }
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}

@@ -24,11 +24,13 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
+import numpy as np
 import simpy
 
 from engine import BlockManager, Scheduler, SequenceStatus
 from engine.compiled import load
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
+from kvsim.sim.core_clock import run_in_core
 from kvsim.sim.gc_passes import fewer_gc_passes
 from kvsim.sim.inline_clock import IDLE, PENDING, WAIT, run_inline
 from kvsim.sim.records import SimResult
@@ -76,6 +78,7 @@ class CompiledV1Simulation(Simulation):
         on_residency: Callable[[dict[str, Any]], None] | None = None,
         residency_sample: tuple[int, int] = (1, 0),
         final_length_of: Callable[[int], int] | None = None,
+        final_lengths_of: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
         on_usage: Callable[[dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -106,9 +109,11 @@ class CompiledV1Simulation(Simulation):
             track_usage=on_usage is not None,
         )
         self._final_length_of = final_length_of
+        self._final_lengths_of = final_lengths_of
         self._on_usage = on_usage
         self._on_residency = on_residency
         self._key_source = key_source
+        self._core_steps: dict[str, np.ndarray] | None = None  # _before_flush takes them
         self.core.start_loop(step_prices(executor, scheduler.config))
 
     # Whether ``run`` may replay an open-loop trace without simpy (kvsim/sim/inline_clock.py);
@@ -127,6 +132,20 @@ class CompiledV1Simulation(Simulation):
             and all(r.cancel_after_s is None for r in self.requests)
         )
 
+    # Whether such a replay runs its clock in the core (kvsim/sim/core_clock.py) rather than
+    # in Python (run_inline); False keeps run_inline (tests compare the two).
+    core_clock = True
+
+    def final_lengths(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray | None:
+        """T of every request (``final_length_of``'s, in seq_id order), None without usage
+        tracking; the requests must be ``submitted`` already."""
+        if self._final_lengths_of is not None:
+            return self._final_lengths_of(prompt_tokens, output_tokens)
+        if self._final_length_of is None:
+            return None
+        n = len(prompt_tokens)
+        return np.fromiter(map(self._final_length_of, range(n)), np.int64, n)
+
     def run(self, progress: Progress | None = None) -> SimResult:
         """``Simulation.run``; an open-loop replay runs its clock without simpy, to the same
         steps and events (kvsim/sim/inline_clock.py: the whole Azure 2023 conversation
@@ -137,7 +156,7 @@ class CompiledV1Simulation(Simulation):
         if progress is None:
             self._next_progress = sys.maxsize  # as start_engine: the check never fires
         with fewer_gc_passes():
-            run_inline(self, progress)
+            (run_in_core if self.core_clock else run_inline)(self, progress)
         return self.collect(time.perf_counter() - start, progress)
 
     def submit(self, request: Request) -> simpy.Event | None:
@@ -221,11 +240,11 @@ class CompiledV1Simulation(Simulation):
             self._on_residency(self.core.residency_state())
         if self._on_usage is not None:
             self._on_usage(self.core.usage_state())
-        steps = self.core.take_step_records()
-        self._durations.frombytes(steps["duration_s"].tobytes())
-        self._filled.frombytes(steps["filled_slots"].tobytes())
-        self._running.frombytes(steps["num_running"].tobytes())
-        assert self._cached_free is not None  # a v1 run's
-        self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
-        self._prefill_at.frombytes(steps["prefill_at"].tobytes())
-        self._prefill_tokens.frombytes(steps["prefill_tokens"].tobytes())
+        # The core's step columns are taken once, as they are (a million-request run's 2 M
+        # steps: ~100 MB that copying through the arrays of Simulation held twice over).
+        self._core_steps = self.core.take_step_records()
+
+    def _step_records(self) -> dict[str, np.ndarray]:
+        steps, self._core_steps = self._core_steps, None
+        assert steps is not None, "collect() takes the step records once"
+        return steps

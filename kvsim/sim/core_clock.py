@@ -1,0 +1,85 @@
+"""An open-loop replay with its clock in the compiled core (engine/compiled/csrc/open_loop.hpp).
+
+``run_inline`` (kvsim/sim/inline_clock.py) replays an open-loop trace's arrivals and engine
+loop over one heap in Python: per request a submission through ``CompiledV1Simulation.submit``,
+per arrival or pending step a return from the core, a heap entry and a Python loop turn (the
+1 M-request benchmark: about a fifth of the main thread). ``run_in_core`` hands the same heap
+to the core: the requests go in once, as columns (arrival times, lengths, priorities, the
+prefix keys the key source gives, the final lengths the usage tracker needs), and the core
+submits each at the time and in the order run_inline would, returning to Python only when
+events are to be taken or progress is due. tests/kvsim/test_core_clock.py holds the two
+equal, event for event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.compiled import load
+from kvsim.sim.simulation import Progress
+from workloads import Request
+
+if TYPE_CHECKING:
+    from kvsim.sim.compiled_v1 import CompiledV1Simulation
+
+KeySource = Callable[[Request], tuple[list[int], int] | None]
+
+
+def key_columns(
+    requests: list[Request], key_source: KeySource
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The requests' prefix keys as OpenLoopClock takes them: (key_start, key_ids,
+    key_block_size), V1Core.add_hash_id_request's hashed ids; (None, None, None) when no
+    request has any."""
+    starts = np.zeros(len(requests) + 1, dtype=np.int64)
+    sizes = np.zeros(len(requests), dtype=np.int32)
+    ids: list[int] = []
+    for i, request in enumerate(requests):
+        keys = key_source(request)
+        if keys is not None:
+            ids.extend(hash(int(h)) for h in keys[0])
+            sizes[i] = keys[1]
+        starts[i + 1] = len(ids)
+    if not ids:
+        return None, None, None
+    return starts, np.array(ids, dtype=np.int64), sizes
+
+
+def request_columns(requests: list[Request]) -> dict[str, np.ndarray]:
+    """arrival_time_s, prompt_tokens, output_tokens and priority of ``requests``, as arrays."""
+    n = len(requests)
+    return {
+        "arrival_time_s": np.fromiter((r.arrival_time_s for r in requests), np.float64, n),
+        "prompt_tokens": np.fromiter((r.prompt_tokens for r in requests), np.int32, n),
+        "output_tokens": np.fromiter((r.output_tokens for r in requests), np.int64, n),
+        "priority": np.fromiter((r.priority for r in requests), np.int64, n),
+    }
+
+
+def run_in_core(sim: CompiledV1Simulation, progress: Progress | None) -> None:
+    """Replay ``sim``'s requests to the end, as ``run_inline`` would (where
+    ``CompiledV1Simulation.inline_clock_applies``): every request is submitted by then."""
+    core_module: Any = load()
+    requests = sim.requests
+    columns = request_columns(requests)
+    sim._submitted = list(requests)  # request i is seq_id i: the final lengths read them
+    final = sim.final_lengths(columns["prompt_tokens"], columns["output_tokens"])
+    clock = core_module.OpenLoopClock(
+        sim.core, **columns, final_length=final, start=sim.env._now,
+        **dict(zip(("key_start", "key_ids", "key_block_size"), key_columns(requests, sim._key_source))),
+    )  # fmt: skip
+    chunk_size = sim.recorder.chunk_size
+    report_every = sim._progress_every if progress is not None else 0
+    while True:
+        outcome = clock.drive(report_every, sim._next_progress, chunk_size)
+        # what run_inline does after each V1Core.run that returns
+        sim.env._now = clock.now
+        sim._finished(sim.core.take_finished())
+        sim._take_events(chunk_size)
+        sim._report(progress)
+        if outcome == core_module.OPEN_LOOP_DONE:
+            break
+    sim._all_submitted = True
