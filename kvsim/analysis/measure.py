@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.kv_breakdown import PagedUsageTracker, add_kv_breakdown
 from kvsim.analysis.metrics import requests_table, steps_table, summarize
@@ -20,6 +18,7 @@ from kvsim.analysis.prefix_metrics import (
 from kvsim.analysis.table import Table
 from kvsim.config import RunConfig
 from kvsim.sim.records import OffloadRecords, SimResult
+from workloads.request_columns import request_column
 
 
 def measure(
@@ -37,7 +36,7 @@ def measure(
     )
     adm = prefix_cache = None
     if v1:
-        prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64)
+        prompt = request_column(result.requests, "prompt_tokens")
         adm = admissions(result.recorder.columns()[0], prompt)
         prefix_cache = prefix_cache_summary(adm, block_states, caching=config.caches_prefixes())
     requests = requests_table(result, steps, adm)

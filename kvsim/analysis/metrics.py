@@ -25,6 +25,7 @@ from kvsim.analysis.load import (
 from kvsim.analysis.prefix_metrics import Admissions, request_columns
 from kvsim.analysis.table import Table, TableLike, column, is_label
 from kvsim.sim.records import SimResult
+from workloads.request_columns import request_column, request_ids
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,13 +129,13 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
     end_tokens = first_per_seq(end_mask, cols["num_tokens"].astype(np.float64), np.nan)
     preemptions = np.bincount(seq_id[kind == EventKind.PREEMPT], minlength=n)[:n]
 
-    prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64, n)
+    prompt = request_column(result.requests, "prompt_tokens")
     status = np.full(n, STATUSES.index("unfinished"), dtype=np.int8)
     for code, name in STATUS_BY_END_KIND.items():
         status[end_kind == code] = STATUSES.index(name)
     generated = np.where(np.isnan(end_tokens), np.nan, end_tokens - prompt)
     finished = status == STATUSES.index("finished")
-    output = np.fromiter((r.output_tokens for r in result.requests), np.int64, n)
+    output = request_column(result.requests, "output_tokens")
     reason = np.full(n, None, dtype=object)
     reason[finished] = np.where(
         generated[finished] < output[finished], "length (max_model_len reached)", "length"
@@ -156,7 +157,7 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
         v1_columns = request_columns(admissions, n)
         v1_latency = {"prefill_time_s": first_token - admit_time}
     request_id = np.empty(n, dtype=object)
-    request_id[:] = [r.request_id for r in result.requests]
+    request_id[:] = request_ids(result.requests)
     return Table(
         {
             "request_id": request_id,

@@ -29,13 +29,14 @@ import simpy
 
 from engine import BlockManager, Scheduler, SequenceStatus
 from engine.compiled import load
-from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.core_clock import run_in_core
+from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.gc_passes import fewer_gc_passes
 from kvsim.sim.inline_clock import IDLE, PENDING, WAIT, run_inline
 from kvsim.sim.records import SimResult
 from kvsim.sim.simulation import Progress, Simulation
 from workloads import Request
+from workloads.request_columns import requests_with_extras
 
 REJECTED = SequenceStatus.FINISHED_REJECTED.value
 KeySource = Callable[[Request], tuple[list[int], int] | None]  # (hash_ids, hash_block_size)
@@ -129,14 +130,18 @@ class CompiledV1Simulation(Simulation):
             and not self._closed_loop
             and self.settings.until is None
             and self.offload_worker is None
-            and all(r.cancel_after_s is None for r in self.requests)
+            and not any(
+                r.cancel_after_s is not None for _, r in requests_with_extras(self.requests)
+            )
         )
 
     # Whether such a replay runs its clock in the core (kvsim/sim/core_clock.py) rather than
     # in Python (run_inline); False keeps run_inline (tests compare the two).
     core_clock = True
 
-    def final_lengths(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray | None:
+    def final_lengths(
+        self, prompt_tokens: np.ndarray, output_tokens: np.ndarray
+    ) -> np.ndarray | None:
         """T of every request (``final_length_of``'s, in seq_id order), None without usage
         tracking; the requests must be ``submitted`` already."""
         if self._final_lengths_of is not None:
@@ -240,6 +245,7 @@ class CompiledV1Simulation(Simulation):
             self._on_residency(self.core.residency_state())
         if self._on_usage is not None:
             self._on_usage(self.core.usage_state())
+        self.core.release_trackers()  # their states are the trackers' now
         # The core's step columns are taken once, as they are (a million-request run's 2 M
         # steps: ~100 MB that copying through the arrays of Simulation held twice over).
         self._core_steps = self.core.take_step_records()

@@ -13,7 +13,7 @@ equal, event for event.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from engine.compiled import load
 from kvsim.sim.simulation import Progress
 from workloads import Request
+from workloads.request_columns import ARRAY_COLUMNS, request_column, requests_with_extras
 
 if TYPE_CHECKING:
     from kvsim.sim.compiled_v1 import CompiledV1Simulation
@@ -29,34 +30,30 @@ KeySource = Callable[[Request], tuple[list[int], int] | None]
 
 
 def key_columns(
-    requests: list[Request], key_source: KeySource
+    requests: Sequence[Request], key_source: KeySource
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """The requests' prefix keys as OpenLoopClock takes them: (key_start, key_ids,
     key_block_size), V1Core.add_hash_id_request's hashed ids; (None, None, None) when no
-    request has any."""
+    request has any. Only requests with hash_ids or a session_id are asked: the others
+    have none (``key_source_of``'s rule), which a long trace's columns know without
+    building their Requests."""
     starts = np.zeros(len(requests) + 1, dtype=np.int64)
     sizes = np.zeros(len(requests), dtype=np.int32)
     ids: list[int] = []
-    for i, request in enumerate(requests):
+    for i, request in requests_with_extras(requests):
         keys = key_source(request)
         if keys is not None:
+            starts[i + 1] = len(keys[0])
             ids.extend(hash(int(h)) for h in keys[0])
             sizes[i] = keys[1]
-        starts[i + 1] = len(ids)
     if not ids:
         return None, None, None
-    return starts, np.array(ids, dtype=np.int64), sizes
+    return np.cumsum(starts), np.array(ids, dtype=np.int64), sizes
 
 
-def request_columns(requests: list[Request]) -> dict[str, np.ndarray]:
+def request_columns(requests: Sequence[Request]) -> dict[str, np.ndarray]:
     """arrival_time_s, prompt_tokens, output_tokens and priority of ``requests``, as arrays."""
-    n = len(requests)
-    return {
-        "arrival_time_s": np.fromiter((r.arrival_time_s for r in requests), np.float64, n),
-        "prompt_tokens": np.fromiter((r.prompt_tokens for r in requests), np.int32, n),
-        "output_tokens": np.fromiter((r.output_tokens for r in requests), np.int64, n),
-        "priority": np.fromiter((r.priority for r in requests), np.int64, n),
-    }
+    return {name: request_column(requests, name) for name in ARRAY_COLUMNS}
 
 
 def run_in_core(sim: CompiledV1Simulation, progress: Progress | None) -> None:
@@ -65,11 +62,13 @@ def run_in_core(sim: CompiledV1Simulation, progress: Progress | None) -> None:
     core_module: Any = load()
     requests = sim.requests
     columns = request_columns(requests)
-    sim._submitted = list(requests)  # request i is seq_id i: the final lengths read them
+    # request i is seq_id i (final_length_of reads them); a long trace's columns stay columns
+    sim._submitted = requests
     final = sim.final_lengths(columns["prompt_tokens"], columns["output_tokens"])
+    key_start, key_ids, key_block_size = key_columns(requests, sim._key_source)
     clock = core_module.OpenLoopClock(
-        sim.core, **columns, final_length=final, start=sim.env._now,
-        **dict(zip(("key_start", "key_ids", "key_block_size"), key_columns(requests, sim._key_source))),
+        sim.core, **columns, final_length=final, key_start=key_start, key_ids=key_ids,
+        key_block_size=key_block_size, start=sim.env._now,
     )  # fmt: skip
     chunk_size = sim.recorder.chunk_size
     report_every = sim._progress_every if progress is not None else 0
