@@ -27,9 +27,13 @@ def measure(
     max_model_len: int | None,
     usage: PagedUsageTracker | None,
     block_states: BlockStateTracker | None,
+    *,
+    drop_events: bool = False,
 ) -> tuple[Table, Table, dict[str, Any]]:
     """requests.parquet's and steps.parquet's tables and summary.json of a simulation's
-    ``result`` (``usage`` and ``block_states``: the trackers that followed its events)."""
+    ``result`` (``usage`` and ``block_states``: the trackers that followed its events).
+    ``drop_events``: the recorder's kept events are dropped once the tables are made
+    (``EventRecorder.drop_kept``), before the summary's temporaries."""
     v1 = config.resolved_scheduler() == "v1"
     steps = add_kv_breakdown(
         steps_table(result, v1=v1), result, config.allocator, max_model_len, usage, v1=v1
@@ -43,6 +47,8 @@ def measure(
     offload = result.offload
     if offload is not None and adm is not None and prefix_cache is not None:
         _add_offload_columns(result, offload, adm, requests, steps, prefix_cache)
+    if drop_events:
+        result.recorder.drop_kept()
     summary = summarize(
         result, requests, steps,
         closed_loop=config.concurrency is not None, measured=config.mode == "engine",
