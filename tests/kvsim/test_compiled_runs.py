@@ -221,3 +221,16 @@ def test_traces_held_as_columns_run_as_lists(
     assert {k: v for k, v in as_columns.summary.items() if k not in WALL} == {
         k: v for k, v in as_list.summary.items() if k not in WALL
     }
+
+
+def test_a_streamed_run_drops_what_its_summary_used(tmp_path: Path) -> None:
+    """A streamed run's kept events and residency samples are let go once its tables and
+    summary are made; what it returns is the same as when they are kept."""
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min")
+    kept = run(config)
+    streamed = run(config, events_path=tmp_path / "events.parquet")
+    for table in ("steps", "requests", "marks"):
+        assert_frame_equal(getattr(streamed, table), getattr(kept, table))
+    assert {k: v for k, v in streamed.summary.items() if k not in WALL} == {
+        k: v for k, v in kept.summary.items() if k not in WALL
+    }
