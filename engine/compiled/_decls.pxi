@@ -34,6 +34,7 @@ cdef extern from "csrc/sample_reservoir.hpp" namespace "kvsim":
         void add(double value, int64_t id) except +
         const vector[Sample]& samples() except + nogil
         int64_t count()
+        void release()
         void sum_parts(
             vector[int32_t]& exponents, vector[int64_t]& high, vector[uint64_t]& low
         ) except +

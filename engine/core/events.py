@@ -345,7 +345,10 @@ class EventRecorder:
             self._step_chunks.append(
                 {n: np.asarray(steps[n], dtype=d) for n, d in zip(STEP_COLUMNS, STEP_DTYPES)}
             )
-        self._deliver(chunk, np.ascontiguousarray(block_ids, dtype=np.int64))
+        # the core's int32 ids go to ``on_chunk`` as they are (the events writer explodes
+        # int32 ids: an int64 copy here and an int32 one there were ~5% of its thread);
+        # what the recorder keeps of them is int64, as a recorded chunk's
+        self._deliver(chunk, np.ascontiguousarray(block_ids))
 
     def _deliver(self, chunk: Columns, block_ids: np.ndarray) -> None:
         """Hand a packed chunk to ``on_chunk`` and keep what the recorder keeps of it."""
@@ -368,7 +371,9 @@ class EventRecorder:
             first[has] = block_ids[starts[has]]
             block_ids = np.empty(0, dtype=np.int64)  # not a view: it would pin the chunk's ids
         elif keep is not None and len(block_ids):
-            block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])]
+            block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])].astype(np.int64)
+        else:
+            block_ids = block_ids.astype(np.int64, copy=False)
         if kept is not None:
             chunk = {n: c[kept] for n, c in chunk.items()}
         if not self.keep_block_ids:

@@ -83,7 +83,7 @@ class CompiledV1Simulation(Simulation):
         on_usage: Callable[[dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
-        """``on_residency``, if given, receives ``V1Core.residency_state()`` once the run
+        """``on_residency``, if given, receives ``V1Core.take_residency_state()`` once the run
         ends (the eviction count and the block residency reservoirs, for
         BlockStateTracker.restore_compiled); ``residency_sample``: the reservoirs' capacity
         and seed (kvsim/analysis/residency.py's). ``on_usage``, if given, receives
@@ -242,7 +242,7 @@ class CompiledV1Simulation(Simulation):
     def _before_flush(self) -> None:
         self._take_events(1)
         if self._on_residency is not None:
-            self._on_residency(self.core.residency_state())
+            self._on_residency(self.core.take_residency_state())
         if self._on_usage is not None:
             self._on_usage(self.core.usage_state())
         self.core.release_trackers()  # their states are the trackers' now

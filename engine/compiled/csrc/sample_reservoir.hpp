@@ -67,6 +67,10 @@ class SampleReservoir {
 
   int64_t count() const { return count_; }
 
+  // Free the kept samples' memory once they have been taken (``samples``): a full reservoir
+  // holds 48 MB. The reservoir is empty afterwards; its count and sum stay.
+  void release() { std::vector<Sample>().swap(kept_); }
+
   // The exact sum as (k, high, low) per binary exponent k: the values sum to
   // Σ (high * 2**64 + low) * 2**k (high signed, low unsigned: a 128-bit integer in halves).
   void sum_parts(std::vector<int32_t>& exponents, std::vector<int64_t>& high,
