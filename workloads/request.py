@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from workloads.errors import OversizedInteger, TraceFormatError, show_value
 from workloads.limits import (
@@ -32,9 +29,6 @@ from workloads.limits import (
     MAX_UINT64,
     MIN_INT64,
 )
-
-if TYPE_CHECKING:
-    from workloads.request_columns import RequestColumns
 
 REQUIRED_FIELDS = ("request_id", "arrival_time_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FIELDS = ("hash_ids", "session_id", "cancel_after_s", "priority")
@@ -260,10 +254,10 @@ class Trace:
     def __post_init__(self) -> None:
         check_trace_name(self.name)
         check_hash_block_size(self.hash_block_size)
-        from workloads.request_columns import RequestColumns  # it imports Request
-
-        if isinstance(self.requests, RequestColumns):  # a long trace's (its own checks)
-            object.__setattr__(self, "requests", self._checked_columns(self.requests))
+        # a long trace's RequestColumns (workloads/request_columns.py) checks and sorts itself
+        checked_in_order = getattr(self.requests, "checked_in_order", None)
+        if checked_in_order is not None:
+            object.__setattr__(self, "requests", checked_in_order(self.hash_block_size))
             return
         requests = list(self.requests)
         seen: set[str] = set()
@@ -281,23 +275,6 @@ class Trace:
         if not is_sorted:
             requests.sort(key=_arrival)  # list.sort is stable
         object.__setattr__(self, "requests", requests)
-
-    def _checked_columns(self, requests: RequestColumns) -> RequestColumns:
-        """__post_init__'s checks and stable sort, column by column."""
-        if len(set(requests.request_ids)) != len(requests):
-            seen: set[str] = set()
-            for request_id in requests.request_ids:
-                if request_id in seen:
-                    raise TraceFormatError(
-                        f"duplicate request_id {show_value(request_id)}", field="request_id"
-                    )
-                seen.add(request_id)
-        for request in requests.extras.values():
-            check_hash_ids(request, self.hash_block_size)
-        arrival = requests.columns["arrival_time_s"]
-        if len(arrival) > 1 and not bool((arrival[1:] >= arrival[:-1]).all()):
-            return requests.take(np.argsort(arrival, kind="stable"))
-        return requests
 
     def __len__(self) -> int:
         return len(self.requests)

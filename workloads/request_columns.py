@@ -18,7 +18,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from workloads.request import Request
+from workloads.errors import TraceFormatError, show_value
+from workloads.request import Request, check_hash_ids
 
 # The columns held as arrays, and their dtypes.
 ARRAY_COLUMNS = {
@@ -131,6 +132,24 @@ class RequestColumns(Sequence[Request]):
 
     def __repr__(self) -> str:
         return f"RequestColumns({len(self):,} requests)"
+
+    def checked_in_order(self, hash_block_size: int | None) -> RequestColumns:
+        """Trace's checks (unique ids, hash_ids that fit ``hash_block_size``) and its stable
+        sort by arrival, column by column: these requests, or a sorted copy."""
+        if len(set(self.request_ids)) != len(self):
+            seen: set[str] = set()
+            for request_id in self.request_ids:
+                if request_id in seen:
+                    raise TraceFormatError(
+                        f"duplicate request_id {show_value(request_id)}", field="request_id"
+                    )
+                seen.add(request_id)
+        for request in self.extras.values():
+            check_hash_ids(request, hash_block_size)
+        arrival = self.columns["arrival_time_s"]
+        if len(arrival) > 1 and not bool((arrival[1:] >= arrival[:-1]).all()):
+            return self.take(np.argsort(arrival, kind="stable"))
+        return self
 
     def take(self, order: np.ndarray) -> RequestColumns:
         """The requests in ``order`` (indices)."""

@@ -14,19 +14,39 @@ equal, event for event.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from engine.compiled import load
+from engine.core.events import EventRecorder
 from kvsim.sim.simulation import Progress
 from workloads import Request
 from workloads.request_columns import ARRAY_COLUMNS, request_column, requests_with_extras
 
-if TYPE_CHECKING:
-    from kvsim.sim.compiled_v1 import CompiledV1Simulation
-
 KeySource = Callable[[Request], tuple[list[int], int] | None]
+
+
+class CoreClockSimulation(Protocol):
+    """What ``run_in_core`` uses of a CompiledV1Simulation (kvsim/sim/compiled_v1.py, which
+    imports this module)."""
+
+    env: Any  # simpy.Environment
+    core: Any  # engine.compiled's V1Core
+    requests: list[Request]
+    recorder: EventRecorder
+    _submitted: list[Request]
+    _key_source: KeySource
+    _progress_every: int
+    _next_progress: int
+    _all_submitted: bool
+
+    def final_lengths(
+        self, prompt_tokens: np.ndarray, output_tokens: np.ndarray
+    ) -> np.ndarray | None: ...
+    def _finished(self, finished: list[tuple[int, str, str]]) -> None: ...
+    def _take_events(self, at_least: int) -> None: ...
+    def _report(self, progress: Progress | None) -> None: ...
 
 
 def key_columns(
@@ -56,7 +76,7 @@ def request_columns(requests: Sequence[Request]) -> dict[str, np.ndarray]:
     return {name: request_column(requests, name) for name in ARRAY_COLUMNS}
 
 
-def run_in_core(sim: CompiledV1Simulation, progress: Progress | None) -> None:
+def run_in_core(sim: CoreClockSimulation, progress: Progress | None) -> None:
     """Replay ``sim``'s requests to the end, as ``run_inline`` would (where
     ``CompiledV1Simulation.inline_clock_applies``): every request is submitted by then."""
     core_module: Any = load()
