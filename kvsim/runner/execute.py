@@ -386,6 +386,7 @@ def simulate(
         if keyed_chunks is not None:
             keyed_chunks.close()
         if len(result.step_duration_s) >= LONG_RUN_STEPS:
+            # the free heap goes back to the kernel before the metrics' tables (free_heap.py),
             # and again once the kept events and step rows are merged, so that their chunks'
             # memory goes back too (a million requests: 944 -> 646 MiB before the tables)
             return_free_heap()

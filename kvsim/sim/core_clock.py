@@ -7,7 +7,7 @@ per arrival or pending step a return from the core, a heap entry and a Python lo
 to the core: the requests go in once, as columns (arrival times, lengths, priorities, the
 prefix keys the key source gives, the final lengths the usage tracker needs), and the core
 submits each at the time and in the order run_inline would, returning to Python only when
-events are to be taken or progress is due. tests/kvsim/test_core_clock.py holds the two
+events are to be taken or progress is due. tests/kvsim/test_inline_clock.py holds the two
 equal, event for event.
 """
 

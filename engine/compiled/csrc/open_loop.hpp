@@ -14,7 +14,7 @@
 // events to take, a progress report), ``drive`` returns kOpenLoopYield if Python has
 // something to do there (at least ``chunk_events`` events, or ``next_report`` steps
 // recorded): Python takes them and calls ``drive`` again, which resumes at that point.
-// tests/kvsim/test_open_loop_clock.py holds it equal to run_inline.
+// tests/kvsim/test_inline_clock.py holds it, run_inline and simpy's driver equal.
 #pragma once
 
 #include <cstdint>
