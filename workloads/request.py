@@ -237,21 +237,28 @@ class Trace:
     """A named list of requests, sorted by arrival time.
 
     Construction copies ``requests``, sorts them stably by ``arrival_time_s`` (ties keep their
-    given order) and checks that ids are unique and hash_ids fit ``hash_block_size``.
+    given order) and checks that ids are unique and hash_ids fit ``hash_block_size``. A
+    ``RequestColumns`` (workloads/request_columns.py: a long trace read line by line) is
+    checked and sorted column by column and kept as columns.
 
     Attributes:
         name: a short name saying what the trace is (e.g. ``azure_llm_2023_conv``).
         hash_block_size: tokens per hash_ids entry (512 for Mooncake), or None without hash_ids.
-        requests: the requests, sorted by arrival (stable).
+        requests: the requests, sorted by arrival (stable): a list, or a RequestColumns.
     """
 
     name: str
     hash_block_size: int | None
-    requests: list[Request]
+    requests: list[Request]  # or a RequestColumns, which reads as a list of Requests
 
     def __post_init__(self) -> None:
         check_trace_name(self.name)
         check_hash_block_size(self.hash_block_size)
+        # a long trace's RequestColumns (workloads/request_columns.py) checks and sorts itself
+        checked_in_order = getattr(self.requests, "checked_in_order", None)
+        if checked_in_order is not None:
+            object.__setattr__(self, "requests", checked_in_order(self.hash_block_size))
+            return
         requests = list(self.requests)
         seen: set[str] = set()
         previous = -math.inf

@@ -340,6 +340,12 @@ cdef class ClassicCore:
             raise RuntimeError("this core tracks no usage (track_usage=False)")
         self.usage.set_final_length(seq_id, final_length)
 
+    def release_trackers(self):
+        """Free the usage tracker once its state is taken (as V1Core.release_trackers):
+        ``usage_state`` gives None afterwards."""
+        del self.usage
+        self.usage = NULL
+
     def usage_state(self):
         """With ``track_usage``: UsageTracker.state of the events taken so far; None
         without it."""

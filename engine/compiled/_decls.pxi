@@ -34,6 +34,7 @@ cdef extern from "csrc/sample_reservoir.hpp" namespace "kvsim":
         void add(double value, int64_t id) except +
         const vector[Sample]& samples() except + nogil
         int64_t count()
+        void release()
         void sum_parts(
             vector[int32_t]& exponents, vector[int64_t]& high, vector[uint64_t]& low
         ) except +
@@ -234,3 +235,26 @@ cdef extern from "csrc/sim_loop.hpp" namespace "kvsim":
         Column[int64_t] cached_free_blocks
         Column[int64_t] prefill_at
         Column[int64_t] prefill_tokens
+
+
+cdef extern from "csrc/open_loop.hpp" namespace "kvsim":
+    cdef cppclass ArrivalColumns:
+        const double* arrival_time_s
+        const int32_t* prompt_tokens
+        const int64_t* output_tokens
+        const int64_t* priority
+        const int64_t* final_length
+        const int64_t* key_start
+        const int64_t* key_ids
+        const int32_t* key_block_size
+        size_t size
+
+    cdef cppclass COpenLoopClock "kvsim::OpenLoopClock":
+        COpenLoopClock(
+            CV1Scheduler* scheduler, CSimLoop* loop, CUsageTracker* usage,
+            ArrivalColumns arrivals, double start
+        ) except +
+        int32_t drive(int64_t report_every, int64_t next_report, size_t chunk_events) except + nogil
+        double now()
+        size_t num_submitted()
+        cbool all_submitted()

@@ -1,9 +1,10 @@
 # What the core computes from its own events: residency samples and the KV breakdown's U.
 # (included by _core.pyx: one extension module, split for reading)
 
-cdef dict _reservoir_state(CSampleReservoir* r):
+cdef dict _reservoir_state(CSampleReservoir* r, bint release=False):
     """A reservoir's kept values and their ids (in id order), how many values it was given
-    and their exact sum ({exponent k: integer n}: the values sum to the sum of n * 2**k)."""
+    and their exact sum ({exponent k: integer n}: the values sum to the sum of n * 2**k).
+    ``release``: free the reservoir's samples once copied out."""
     cdef const vector[Sample]* kept
     with nogil:  # the sort of a few million samples
         kept = &r.samples()
@@ -16,6 +17,8 @@ cdef dict _reservoir_state(CSampleReservoir* r):
     for i in range(n):
         vv[i] = kept[0][i].value
         iv[i] = kept[0][i].id
+    if release:
+        r.release()
     cdef vector[int32_t] exponents
     cdef vector[int64_t] high
     cdef vector[uint64_t] low
@@ -24,12 +27,14 @@ cdef dict _reservoir_state(CSampleReservoir* r):
     return {"values": values, "ids": ids, "count": r.count(), "sum_by_exponent": sums}
 
 
-cdef dict _residency_state(CResidencyTracker* r):
-    """The three reservoirs' states (``_reservoir_state``) and the evictions so far."""
+cdef dict _residency_state(CResidencyTracker* r, bint release=False):
+    """The three reservoirs' states (``_reservoir_state``) and the evictions so far;
+    ``release``: each reservoir's samples freed once copied out (the peak then holds one
+    reservoir twice, not all three)."""
     return {
-        "lifetime": _reservoir_state(&r.lifetime),
-        "idle": _reservoir_state(&r.idle),
-        "reuse_gap": _reservoir_state(&r.reuse_gap),
+        "lifetime": _reservoir_state(&r.lifetime, release),
+        "idle": _reservoir_state(&r.idle, release),
+        "reuse_gap": _reservoir_state(&r.reuse_gap, release),
         "num_evictions": r.num_evictions,
     }
 

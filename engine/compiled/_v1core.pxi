@@ -362,6 +362,26 @@ cdef class V1Core:
             return None
         return _residency_state(self.residency)
 
+    def take_residency_state(self):
+        """``residency_state()``, each reservoir freed as it is copied out, then the
+        tracker (``release_trackers``' for it): for the run's end. None without
+        ``track_residency``."""
+        if self.residency == NULL:
+            return None
+        state = _residency_state(self.residency, True)
+        del self.residency
+        self.residency = NULL
+        return state
+
+    def release_trackers(self):
+        """Free the residency and usage trackers once their states are taken (the three
+        residency reservoirs hold up to ~216 MB at a million requests): ``residency_state``
+        and ``usage_state`` give None afterwards and ``take_events`` accounts for neither."""
+        del self.residency
+        self.residency = NULL
+        del self.usage
+        self.usage = NULL
+
     def take_events(self):
         """As BlockPool.take_events, plus the STEP rows' columns (EventRecorder's
         ``step_columns``). With ``track_residency`` the events are first accounted for

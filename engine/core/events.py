@@ -165,6 +165,7 @@ class EventRecorder:
         self._block_run = BlockRunColumns()  # the events of the block runs in _rows
         self._num_block_runs = 0
         self._chunks: list[tuple[Columns, np.ndarray]] = []
+        self._dropped = False  # drop_kept() was called
         self._num_packed = 0
         # Per STEP row in _rows, what its event row does not carry (its other step columns
         # are read off the event row when packing): one row per step, not two.
@@ -344,7 +345,10 @@ class EventRecorder:
             self._step_chunks.append(
                 {n: np.asarray(steps[n], dtype=d) for n, d in zip(STEP_COLUMNS, STEP_DTYPES)}
             )
-        self._deliver(chunk, np.ascontiguousarray(block_ids, dtype=np.int64))
+        # the core's int32 ids go to ``on_chunk`` as they are (the events writer explodes
+        # int32 ids: an int64 copy here and an int32 one there were ~5% of its thread);
+        # what the recorder keeps of them is int64, as a recorded chunk's
+        self._deliver(chunk, np.ascontiguousarray(block_ids))
 
     def _deliver(self, chunk: Columns, block_ids: np.ndarray) -> None:
         """Hand a packed chunk to ``on_chunk`` and keep what the recorder keeps of it."""
@@ -367,7 +371,9 @@ class EventRecorder:
             first[has] = block_ids[starts[has]]
             block_ids = np.empty(0, dtype=np.int64)  # not a view: it would pin the chunk's ids
         elif keep is not None and len(block_ids):
-            block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])]
+            block_ids = block_ids[np.repeat(keep, chunk["num_blocks"])].astype(np.int64)
+        else:
+            block_ids = block_ids.astype(np.int64, copy=False)
         if kept is not None:
             chunk = {n: c[kept] for n, c in chunk.items()}
         if not self.keep_block_ids:
@@ -379,9 +385,19 @@ class EventRecorder:
         if self._rows:
             self._pack()
 
+    def drop_kept(self) -> None:
+        """Forget the kept events, for a caller done with them (a streamed run's metrics
+        once computed: a million requests keep ~125 MB of them); ``columns()`` raises
+        afterwards. The STEP rows (``step_columns``) stay."""
+        self.flush()
+        self._chunks = []
+        self._dropped = True
+
     def columns(self) -> tuple[Columns, np.ndarray]:
         """Every kept event as columns (``EVENT_COLUMNS``, plus ``first_block`` without
         ``keep_block_ids``) and the flat block ids (empty without ``keep_block_ids``)."""
+        if self._dropped:
+            raise RuntimeError("the kept events were dropped (EventRecorder.drop_kept)")
         self.flush()
         if not self._chunks:
             empty = empty_columns(EVENT_COLUMNS, EVENT_DTYPES)
@@ -397,6 +413,8 @@ class EventRecorder:
         self.flush()
         if not self._step_chunks:
             return empty_columns(STEP_COLUMNS, STEP_DTYPES)
+        if len(self._step_chunks) == 1:  # merged already: no copy (2 M steps: 80 MB)
+            return self._step_chunks[0]
         merged = {n: np.concatenate([c[n] for c in self._step_chunks]) for n in STEP_COLUMNS}
         self._step_chunks = [merged]
         return merged

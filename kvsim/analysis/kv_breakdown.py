@@ -65,6 +65,17 @@ def final_length(request: Request, max_model_len: int | None) -> int:
     return request.prompt_tokens + output
 
 
+def final_lengths(
+    prompt_tokens: np.ndarray, output_tokens: np.ndarray, max_model_len: int | None
+) -> np.ndarray:
+    """``final_length`` of many requests at once, from their prompt and output tokens (int64)."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    output = np.asarray(output_tokens, dtype=np.int64)
+    if max_model_len is not None:
+        output = np.minimum(output, np.maximum(max_model_len - prompt, 1))
+    return prompt + output
+
+
 def region_sizes(result: SimResult, policy: Policy, max_model_len: int | None) -> np.ndarray:
     """Slots of each request's buddy block under a contiguous ``policy`` (rounded)."""
     sizes = [

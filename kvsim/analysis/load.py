@@ -161,7 +161,9 @@ def weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, 
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     order = np.argsort(values, kind="stable")
     values, weights = values[order], weights[order]
-    cumulative = np.cumsum(weights) / weights.sum()
+    del order  # the arrays are a few million long (a million requests' decode steps)
+    cumulative = np.cumsum(weights)
+    cumulative /= weights.sum()
     out: dict[str, float | None] = {"mean": float(np.average(values, weights=weights))}
     for p in PERCENTILES:
         at = min(int(np.searchsorted(cumulative, p / 100 - 1e-12)), len(values) - 1)

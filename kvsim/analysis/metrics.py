@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from engine import EventKind, StepKind
 from kvsim.analysis.events_io import EVENT_KIND_NAMES, exploded_frame
@@ -25,6 +26,7 @@ from kvsim.analysis.load import (
 from kvsim.analysis.prefix_metrics import Admissions, request_columns
 from kvsim.analysis.table import Table, TableLike, column, is_label
 from kvsim.sim.records import SimResult
+from workloads.request_columns import request_column, request_ids
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,8 +103,14 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
     kind, seq_id, t = cols["kind"], cols["seq_id"], cols["time_s"]
     n = len(result.requests)
 
-    def first_per_seq(mask: np.ndarray, values: np.ndarray, fill: float) -> np.ndarray:
-        out = np.full(n, fill, dtype=values.dtype if fill != fill else np.float64)
+    def first_per_seq(
+        mask: np.ndarray, values: np.ndarray, fill: float, dtype: DTypeLike | None = None
+    ) -> np.ndarray:
+        # ``dtype``: the output's, the values converted (exactly) as they are written rather
+        # than the whole column first (a million requests' kept events: 32 MB a column)
+        if dtype is None:
+            dtype = values.dtype if fill != fill else np.float64
+        out = np.full(n, fill, dtype=dtype)
         ids, vals = seq_id[mask], values[mask]
         # Reverse so the earliest event of each sequence is written last and wins.
         out[ids[::-1]] = vals[::-1]
@@ -111,7 +119,7 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
     arrival = first_per_seq(kind == EventKind.ARRIVE, t, np.nan)
     admit_mask = kind == EventKind.ADMIT
     admit_time = first_per_seq(admit_mask, t, np.nan)
-    admit_step = first_per_seq(admit_mask, cols["step"].astype(np.float64), np.nan)
+    admit_step = first_per_seq(admit_mask, cols["step"], np.nan, np.float64)
     first_token = _step_end_at(steps, admit_step)
     is_first = kind == EventKind.FIRST_TOKEN
     if is_first.any():
@@ -124,21 +132,22 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
     # ended: not when it was aborted mid-step, nor when the run stopped (--until) first.
     lost = (first_token > finish_time) | (first_token > result.sim_end_s)
     first_token[lost] = np.nan
-    end_kind = first_per_seq(end_mask, kind.astype(np.float64), np.nan)
-    end_tokens = first_per_seq(end_mask, cols["num_tokens"].astype(np.float64), np.nan)
+    end_kind = first_per_seq(end_mask, kind, np.nan, np.float64)
+    end_tokens = first_per_seq(end_mask, cols["num_tokens"], np.nan, np.float64)
     preemptions = np.bincount(seq_id[kind == EventKind.PREEMPT], minlength=n)[:n]
 
-    prompt = np.fromiter((r.prompt_tokens for r in result.requests), np.int64, n)
+    prompt = request_column(result.requests, "prompt_tokens")
     status = np.full(n, STATUSES.index("unfinished"), dtype=np.int8)
     for code, name in STATUS_BY_END_KIND.items():
         status[end_kind == code] = STATUSES.index(name)
     generated = np.where(np.isnan(end_tokens), np.nan, end_tokens - prompt)
     finished = status == STATUSES.index("finished")
-    output = np.fromiter((r.output_tokens for r in result.requests), np.int64, n)
+    output = request_column(result.requests, "output_tokens")
     reason = np.full(n, None, dtype=object)
-    reason[finished] = np.where(
-        generated[finished] < output[finished], "length (max_model_len reached)", "length"
-    )
+    # one str object per reason, not one per request from a fixed-width array (a million
+    # finished requests: a 120 MB '<U30' temporary and 55 MB of copies of "length")
+    reason[finished] = "length"
+    reason[finished & (generated < output)] = "length (max_model_len reached)"
     reason[status == STATUSES.index("aborted")] = "aborted (cancel_after_s elapsed)"
     reason[status == STATUSES.index("rejected")] = "rejected"
     for rejected_id, why in result.reject_reasons.items():
@@ -156,7 +165,7 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
         v1_columns = request_columns(admissions, n)
         v1_latency = {"prefill_time_s": first_token - admit_time}
     request_id = np.empty(n, dtype=object)
-    request_id[:] = [r.request_id for r in result.requests]
+    request_id[:] = request_ids(result.requests)
     return Table(
         {
             "request_id": request_id,
@@ -233,7 +242,10 @@ def summarize(
     duration = result.sim_end_s
     # A step still running when --until stopped the run counts only up to the stop.
     start = column(steps, "time_s")
-    weights = np.minimum(start + column(steps, "duration_s"), duration) - start
+    # np.minimum(start + duration_s, duration) - start, in one array (2 M steps: 16 MB each)
+    weights = start + column(steps, "duration_s")
+    np.minimum(weights, duration, out=weights)
+    weights -= start
     allocated = column(steps, "allocated_slots")
     usage = allocated / total_slots
     internal = (allocated - column(steps, "filled_slots")) / total_slots

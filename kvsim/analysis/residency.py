@@ -184,6 +184,16 @@ class SampleReservoir:
         return out
 
 
+class _DroppedReservoir:
+    """A reservoir whose samples were dropped (ResidencyCollector.drop_samples)."""
+
+    def values(self) -> np.ndarray:
+        raise RuntimeError("the residency samples were dropped (ResidencyCollector.drop_samples)")
+
+    def distribution(self) -> Distribution:
+        raise RuntimeError("the residency samples were dropped (ResidencyCollector.drop_samples)")
+
+
 class ResidencyCollector:
     """Block lives from pops and hits (see the module docstring). ``add`` takes rows in
     event order; ``reset`` is a cache reset (every open life ends unreported)."""
@@ -242,6 +252,13 @@ class ResidencyCollector:
         """``{mean, p50, p90, p99}`` of lifetime, idle time and reuse gaps."""
         self._fold()
         return self.lifetime.distribution(), self.idle.distribution(), self.reuse_gap.distribution()
+
+    def drop_samples(self) -> None:
+        """Forget the samples, for a caller done with them (a run's summary, once made: full
+        reservoirs hold ~100 MB); ``samples`` and ``distributions`` raise afterwards."""
+        self._pending, self._num_pending = [], 0
+        for name in ("lifetime", "idle", "reuse_gap"):
+            setattr(self, name, _DroppedReservoir())
 
     def _fold(self) -> None:
         if not self._pending:

@@ -5,6 +5,7 @@ kvsim/runner/resolve.py)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from engine import Scheduler, make_scheduler
 from engine.core.events import ChunkCallback, Columns
 from kvsim.analysis.block_states import BlockStateTracker
 from kvsim.analysis.events_io import METRIC_KINDS, EventsParquetWriter, KeyedChunks
-from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length
+from kvsim.analysis.kv_breakdown import PagedUsageTracker, final_length, final_lengths
 from kvsim.analysis.measure import measure
 from kvsim.analysis.metrics import events_frame, mark_events
 from kvsim.analysis.offload_metrics import transfers_table, transfers_with_tiers
@@ -36,6 +37,7 @@ from kvsim.sim.engine_mode import (
     build_llm,
 )
 from kvsim.sim.executor import Executor, LinearStepExecutor
+from kvsim.sim.free_heap import LONG_RUN_STEPS, return_free_heap
 from kvsim.sim.offload_setup import OffloadSetup, build_offload
 from kvsim.sim.records import SimSettings
 from kvsim.sim.simulation import PROGRESS_EVERY_STEPS, Progress, Simulation
@@ -354,6 +356,9 @@ def simulate(
             else (block_states.residency.capacity, block_states.residency.seed),
             "on_usage": usage.restore_compiled if usage is not None else None,
             "final_length_of": usage.final_length_of if usage is not None else None,
+            "final_lengths_of": functools.partial(final_lengths, max_model_len=max_model_len)
+            if usage is not None
+            else None,
         }
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}
@@ -383,11 +388,22 @@ def simulate(
         result = sim.run(progress)
         if keyed_chunks is not None:
             keyed_chunks.close()
+        if len(result.step_duration_s) >= LONG_RUN_STEPS:
+            # the free heap goes back to the kernel before the metrics' tables (free_heap.py),
+            # and again once the kept events and step rows are merged, so that their chunks'
+            # memory goes back too (a million requests: 944 -> 646 MiB before the tables)
+            return_free_heap()
+            result.recorder.columns()
+            result.recorder.step_columns()
+            return_free_heap()
         # The metrics are computed while the writer thread encodes the last chunks (the
         # default trace's run waited 40-100 ms for it here); close() still raises its errors.
-        requests, steps, summary = measure(config, result, max_model_len, usage, block_states)
-        events = events_frame(result, block_hashes=keyed) if not streamed else None
         marks = mark_events(result)
+        # a streamed run's kept events serve the tables alone: dropped before the summary
+        requests, steps, summary = measure(
+            config, result, max_model_len, usage, block_states, drop_events=streamed
+        )
+        events = events_frame(result, block_hashes=keyed) if not streamed else None
         unarrived = unarrived_warning(
             trace, int(summary["num_requests"]), config.until, config.rate
         )

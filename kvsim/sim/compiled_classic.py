@@ -53,6 +53,10 @@ class CompiledClassicSimulation(CompiledV1Simulation):
     there is no prefix cache, so ``key_source`` is not read and ``on_residency`` must be
     None."""
 
+    # The core clock (csrc/open_loop.hpp) drives a V1Core; an open-loop classic replay keeps
+    # the Python heap of kvsim/sim/inline_clock.py (the same steps and events).
+    core_clock = False
+
     def _make_core(
         self,
         core_module: Any,

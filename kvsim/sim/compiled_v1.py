@@ -24,16 +24,19 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
+import numpy as np
 import simpy
 
 from engine import BlockManager, Scheduler, SequenceStatus
 from engine.compiled import load
+from kvsim.sim.core_clock import run_in_core
 from kvsim.sim.executor import CostModelExecutor, Executor, LinearStepExecutor
 from kvsim.sim.gc_passes import fewer_gc_passes
 from kvsim.sim.inline_clock import IDLE, PENDING, WAIT, run_inline
 from kvsim.sim.records import SimResult
 from kvsim.sim.simulation import Progress, Simulation
 from workloads import Request
+from workloads.request_columns import requests_with_extras
 
 REJECTED = SequenceStatus.FINISHED_REJECTED.value
 KeySource = Callable[[Request], tuple[list[int], int] | None]  # (hash_ids, hash_block_size)
@@ -81,10 +84,11 @@ class CompiledV1Simulation(Simulation):
         on_residency: Callable[[dict[str, Any]], None] | None = None,
         residency_sample: tuple[int, int] = (1, 0),
         final_length_of: Callable[[int], int] | None = None,
+        final_lengths_of: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
         on_usage: Callable[[dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
-        """``on_residency``, if given, receives ``V1Core.residency_state()`` once the run
+        """``on_residency``, if given, receives ``V1Core.take_residency_state()`` once the run
         ends (the eviction count and the block residency reservoirs, for
         BlockStateTracker.restore_compiled); ``residency_sample``: the reservoirs' capacity
         and seed (kvsim/analysis/residency.py's). ``on_usage``, if given, receives
@@ -101,9 +105,11 @@ class CompiledV1Simulation(Simulation):
             core_module, scheduler, on_residency is not None, residency_sample, on_usage is not None
         )
         self._final_length_of = final_length_of
+        self._final_lengths_of = final_lengths_of
         self._on_usage = on_usage
         self._on_residency = on_residency
         self._key_source = key_source
+        self._core_steps: dict[str, np.ndarray] | None = None  # _before_flush takes them
         self.core.start_loop(step_prices(executor, scheduler.config))
 
     def _make_core(
@@ -143,8 +149,26 @@ class CompiledV1Simulation(Simulation):
             and not self._closed_loop
             and self.settings.until is None
             and self.offload_worker is None
-            and all(r.cancel_after_s is None for r in self.requests)
+            and not any(
+                r.cancel_after_s is not None for _, r in requests_with_extras(self.requests)
+            )
         )
+
+    # Whether such a replay runs its clock in the core (kvsim/sim/core_clock.py) rather than
+    # in Python (run_inline); False keeps run_inline (tests compare the two).
+    core_clock = True
+
+    def final_lengths(
+        self, prompt_tokens: np.ndarray, output_tokens: np.ndarray
+    ) -> np.ndarray | None:
+        """T of every request (``final_length_of``'s, in seq_id order), None without usage
+        tracking; the requests must be ``submitted`` already."""
+        if self._final_lengths_of is not None:
+            return self._final_lengths_of(prompt_tokens, output_tokens)
+        if self._final_length_of is None:
+            return None
+        n = len(prompt_tokens)
+        return np.fromiter(map(self._final_length_of, range(n)), np.int64, n)
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """``Simulation.run``; an open-loop replay runs its clock without simpy, to the same
@@ -156,7 +180,7 @@ class CompiledV1Simulation(Simulation):
         if progress is None:
             self._next_progress = sys.maxsize  # as start_engine: the check never fires
         with fewer_gc_passes():
-            run_inline(self, progress)
+            (run_in_core if self.core_clock else run_inline)(self, progress)
         return self.collect(time.perf_counter() - start, progress)
 
     def submit(self, request: Request) -> simpy.Event | None:
@@ -239,14 +263,15 @@ class CompiledV1Simulation(Simulation):
     def _before_flush(self) -> None:
         self._take_events(1)
         if self._on_residency is not None:
-            self._on_residency(self.core.residency_state())
+            self._on_residency(self.core.take_residency_state())
         if self._on_usage is not None:
             self._on_usage(self.core.usage_state())
-        steps = self.core.take_step_records()
-        self._durations.frombytes(steps["duration_s"].tobytes())
-        self._filled.frombytes(steps["filled_slots"].tobytes())
-        self._running.frombytes(steps["num_running"].tobytes())
-        if self._cached_free is not None:  # a v1 run's (the classic pool caches nothing)
-            self._cached_free.frombytes(steps["cached_free_blocks"].tobytes())
-        self._prefill_at.frombytes(steps["prefill_at"].tobytes())
-        self._prefill_tokens.frombytes(steps["prefill_tokens"].tobytes())
+        self.core.release_trackers()  # their states are the trackers' now
+        # The core's step columns are taken once, as they are (a million-request run's 2 M
+        # steps: ~100 MB that copying through the arrays of Simulation held twice over).
+        self._core_steps = self.core.take_step_records()
+
+    def _step_records(self) -> dict[str, np.ndarray]:
+        steps, self._core_steps = self._core_steps, None
+        assert steps is not None, "collect() takes the step records once"
+        return steps

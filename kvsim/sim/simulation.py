@@ -398,24 +398,35 @@ class Simulation:
             progress(env.now, self._num_done)
         self._before_flush()
         self.recorder.flush()
-        prefill = np.zeros(len(self._durations), dtype=np.int64)
-        prefill[np.frombuffer(self._prefill_at, dtype=np.int64)] = np.frombuffer(
-            self._prefill_tokens, dtype=np.int64
-        )
+        steps = self._step_records()
+        prefill = np.zeros(len(steps["duration_s"]), dtype=np.int64)
+        prefill[steps["prefill_at"]] = steps["prefill_tokens"]
         return SimResult(
             recorder=self.recorder,
             requests=self._submitted,
             block_size=self.block_manager.block_size,
             num_blocks=self.block_manager.num_blocks,
-            step_duration_s=np.frombuffer(self._durations, dtype=np.float64).copy(),
-            step_filled_slots=np.frombuffer(self._filled, dtype=np.int64).copy(),
-            step_num_running=np.frombuffer(self._running, dtype=np.int64).copy(),
+            step_duration_s=steps["duration_s"],
+            step_filled_slots=steps["filled_slots"],
+            step_num_running=steps["num_running"],
             sim_end_s=float(env.now),
             wall_time_s=wall_time_s,
             reject_reasons=self._reject_reasons,
             step_prefill_tokens=prefill,
-            step_cached_free_blocks=None
-            if self._cached_free is None
-            else np.frombuffer(self._cached_free, dtype=np.int64).copy(),
+            step_cached_free_blocks=steps.get("cached_free_blocks"),
             offload=offload_records(self, self._tier_trace),
         )
+
+    def _step_records(self) -> dict[str, np.ndarray]:
+        """The recorded steps' columns (V1Core.take_step_records' names; cached_free_blocks
+        only for v1), as numpy arrays of their own."""
+        steps = {
+            "duration_s": np.frombuffer(self._durations, dtype=np.float64).copy(),
+            "filled_slots": np.frombuffer(self._filled, dtype=np.int64).copy(),
+            "num_running": np.frombuffer(self._running, dtype=np.int64).copy(),
+            "prefill_at": np.frombuffer(self._prefill_at, dtype=np.int64),
+            "prefill_tokens": np.frombuffer(self._prefill_tokens, dtype=np.int64),
+        }
+        if self._cached_free is not None:
+            steps["cached_free_blocks"] = np.frombuffer(self._cached_free, dtype=np.int64).copy()
+        return steps

@@ -193,3 +193,6 @@ def test_compiled_runs_give_the_python_samples(block_size: int, num_blocks: int)
     want = python_samples(stream, num_blocks, block_size, 64)
     assert want["lifetime"]["count"] > 64, "the run must end more lives than the sample keeps"
     assert_same(restored(v1.residency_state(), num_blocks, 64), want)
+    # at the run's end the state is taken once, each reservoir freed as it is copied out
+    assert_same(restored(v1.take_residency_state(), num_blocks, 64), want)
+    assert v1.take_residency_state() is None and v1.residency_state() is None

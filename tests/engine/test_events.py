@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -161,3 +162,17 @@ def test_a_chunk_holds_at_most_chunk_size_appends_beyond_its_rows() -> None:
         recorder.record_decode_step(step, 64, 1000, list(range(64)), list(range(64)))
     recorder.flush()
     assert sum(sizes) == 50 * 64 and max(sizes) < 2 * 100
+
+
+def test_dropped_events_are_refused_and_steps_stay() -> None:
+    recorder = EventRecorder(chunk_size=4)
+    for step in range(6):
+        recorder.begin_step(step)
+        recorder.record(EventKind.ARRIVE, step, 10)
+        recorder.record_step(StepKind.DECODE, 1, 1, 9)
+    steps = recorder.step_columns()
+    assert recorder.step_columns() is steps  # merged once, then handed out as is
+    recorder.drop_kept()
+    assert recorder.step_columns()["step"].tolist() == list(range(6))
+    with pytest.raises(RuntimeError, match="dropped"):
+        recorder.columns()

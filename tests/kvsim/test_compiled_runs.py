@@ -14,7 +14,9 @@ from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import write_run
 from kvsim.runner import run
 from kvsim.sim.compiled_v1 import CompiledV1Simulation
-from workloads import Request, Trace, save_trace
+from workloads import Request, Trace, load_trace, resolve_trace, save_trace
+from workloads.formats import jsonl
+from workloads.request_columns import RequestColumns
 
 if engine.compiled.load() is None:
     pytest.skip(str(engine.compiled.unavailable_reason()), allow_module_level=True)
@@ -202,3 +204,42 @@ def test_offload_runs_on_the_compiled_tier_match_python(
     monkeypatch.setattr(f"{__name__}.FILES", (*FILES, "transfers.parquet"))
     run_both(config, tmp_path, monkeypatch, uses_core=False)
     assert tiers == ["CpuTier", "CPUOffloadManager"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "azure_llm_2023_conv_first_2min",
+        # hash ids (kept whole beside the columns): 1.5 s, under -m slow
+        pytest.param("mooncake_fast25_conversation_first_1000", marks=pytest.mark.slow),
+    ],
+)
+def test_traces_held_as_columns_run_as_lists(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long trace's requests come as columns (workloads/request_columns.py): both paths
+    run them as they run the same requests in a list."""
+    config = RunConfig(trace=name, num_blocks=600)
+    as_list = run(config)
+    monkeypatch.setattr(jsonl, "COLUMNS_FROM_REQUESTS", 0)  # every trace as columns
+    assert isinstance(load_trace(resolve_trace(name)).requests, RequestColumns)
+    run_both(config, tmp_path, monkeypatch)
+    as_columns = run(config)
+    for table in ("steps", "requests"):
+        assert_frame_equal(getattr(as_columns, table), getattr(as_list, table))
+    assert {k: v for k, v in as_columns.summary.items() if k not in WALL} == {
+        k: v for k, v in as_list.summary.items() if k not in WALL
+    }
+
+
+def test_a_streamed_run_drops_what_its_summary_used(tmp_path: Path) -> None:
+    """A streamed run's kept events and residency samples are let go once its tables and
+    summary are made; what it returns is the same as when they are kept."""
+    config = RunConfig(trace="azure_llm_2023_conv_first_2min")
+    kept = run(config)
+    streamed = run(config, events_path=tmp_path / "events.parquet")
+    for table in ("steps", "requests", "marks"):
+        assert_frame_equal(getattr(streamed, table), getattr(kept, table))
+    assert {k: v for k, v in streamed.summary.items() if k not in WALL} == {
+        k: v for k, v in kept.summary.items() if k not in WALL
+    }

@@ -1,5 +1,6 @@
-"""The compiled core's open-loop clock without simpy (kvsim/sim/inline_clock.py) against the
-same runs under simpy: equal steps, requests, events and summaries, ties included."""
+"""The compiled core's open-loop clocks without simpy (kvsim/sim/inline_clock.py in Python,
+kvsim/sim/core_clock.py in the core) against the same runs under simpy: equal steps,
+requests, events and summaries, ties included."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import engine.compiled
 from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import write_run
 from kvsim.runner import run
-from kvsim.sim import compiled_v1, inline_clock
+from kvsim.sim import compiled_v1, core_clock, inline_clock
 from kvsim.sim.compiled_v1 import CompiledV1Simulation
 from workloads import Request, Trace, save_trace
 
@@ -23,32 +24,43 @@ if engine.compiled.load() is None:
 WALL = ("wall_time_s", "sim_requests_per_wall_s", "sim_steps_per_wall_s")
 
 
+CLOCKS = ("core", "inline", "simpy")
+
+
 def run_both_clocks(config: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run ``config`` with the inline clock and with simpy's; compare tables, summaries and
-    run-folder bytes."""
-    calls: list[int] = []
-    original = inline_clock.run_inline
+    """Run ``config`` with the clock in the core (kvsim/sim/core_clock.py), with the inline
+    clock in Python and with simpy's; compare tables, summaries and run-folder bytes."""
+    calls: list[str] = []
+    original_inline, original_core = inline_clock.run_inline, core_clock.run_in_core
 
-    def counted(*args: Any) -> None:
-        calls.append(1)
-        original(*args)
+    def counted_inline(*args: Any) -> None:
+        calls.append("inline")
+        original_inline(*args)
 
-    monkeypatch.setattr(compiled_v1, "run_inline", counted)
+    def counted_core(*args: Any) -> None:
+        calls.append("core")
+        original_core(*args)
+
+    monkeypatch.setattr(compiled_v1, "run_inline", counted_inline)
+    monkeypatch.setattr(compiled_v1, "run_in_core", counted_core)
     results, folders = {}, {}
-    for inline in (True, False):
-        monkeypatch.setattr(CompiledV1Simulation, "inline_clock", inline)
+    for clock in CLOCKS:
+        monkeypatch.setattr(CompiledV1Simulation, "inline_clock", clock != "simpy")
+        monkeypatch.setattr(CompiledV1Simulation, "core_clock", clock == "core")
         calls.clear()
-        results[inline] = run(config)
-        assert bool(calls) == inline
-        folders[inline] = write_run(results[inline], tmp_path / str(inline), plots=False)
-    a, b = results[True], results[False]
-    for table in ("steps", "requests"):
-        assert_frame_equal(getattr(a, table), getattr(b, table))
-    assert {k: v for k, v in a.summary.items() if k not in WALL} == {
-        k: v for k, v in b.summary.items() if k not in WALL
-    }
-    for name in ("requests.parquet", "steps.parquet", "events.parquet"):
-        assert (folders[True] / name).read_bytes() == (folders[False] / name).read_bytes(), name
+        results[clock] = run(config)
+        assert calls == ([] if clock == "simpy" else [clock])
+        folders[clock] = write_run(results[clock], tmp_path / clock, plots=False)
+    b = results["simpy"]
+    for clock in ("core", "inline"):
+        a = results[clock]
+        for table in ("steps", "requests"):
+            assert_frame_equal(getattr(a, table), getattr(b, table))
+        assert {k: v for k, v in a.summary.items() if k not in WALL} == {
+            k: v for k, v in b.summary.items() if k not in WALL
+        }
+        for name in ("requests.parquet", "steps.parquet", "events.parquet"):
+            assert (folders[clock] / name).read_bytes() == (folders["simpy"] / name).read_bytes()
 
 
 def grid_trace(tmp_path: Path, spacing: float, per_instant: int, count: int = 90) -> str:
@@ -114,9 +126,10 @@ def test_default_trace_matches_simpy(
 def test_until_and_closed_loops_keep_simpy(
     options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--until and closed loops have simpy events of their own: the inline clock is not
+    """--until and closed loops have simpy events of their own: neither inline clock is
     used."""
     calls: list[int] = []
     monkeypatch.setattr(compiled_v1, "run_inline", lambda *args: calls.append(1))
+    monkeypatch.setattr(compiled_v1, "run_in_core", lambda *args: calls.append(1))
     run(RunConfig(trace="azure_llm_2023_conv_first_2min", num_blocks=600, **options))
     assert not calls

@@ -22,6 +22,7 @@ from workloads.formats.records import (
 from workloads.formats.textio import _BOM, atomic_text_writer, iter_lines, open_regular
 from workloads.limits import MAX_LINE_BYTES
 from workloads.request import Request, Trace
+from workloads.request_columns import RequestColumns, RequestColumnsBuilder
 
 _DECODER = json.JSONDecoder()  # stateless; skips json.loads' per-call argument handling
 # Only after _DECODER failed on an integer too long for int() (a rare error path, so the hot
@@ -154,9 +155,12 @@ class _Records:
     """The records of one JSON Lines trace as they are read: the metadata line, if first,
     then requests (each line's rules, shared by both readers below)."""
 
-    def __init__(self) -> None:
+    def __init__(self, columns: bool = False) -> None:
+        """``columns``: keep the requests as columns (RequestColumnsBuilder), not a list."""
         self.metadata = Metadata()
-        self.requests: list[Request] = []
+        self.requests: list[Request] | RequestColumnsBuilder = (
+            RequestColumnsBuilder() if columns else []
+        )
         self.duplicates = DuplicateTracker()
         self.seen_content = False
 
@@ -187,7 +191,10 @@ def load_jsonl(path: str | Path) -> Trace:
 
 
 def _load_by_line(path: str | Path) -> Trace:
-    records = _Records()
+    # A file read line by line is a long trace (or a faulty one): its requests are kept as
+    # columns, each Request dropped once checked (a million requests' Request objects were
+    # ~280 MB of the run's memory).
+    records = _Records(columns=True)
     for line, text in iter_lines(path):
         if not text.strip():
             continue
@@ -198,8 +205,12 @@ def _load_by_line(path: str | Path) -> Trace:
             raise err.located(path, line=line) from None
     if not records.seen_content:
         raise TraceFormatError("file is empty", path=path)
-    return build_trace(path, records.metadata, records.requests)
+    return build_trace(path, records.metadata, _built(records.requests))
 
+
+# Traces of more requests than this are held as columns (workloads/request_columns.py), as is
+# any trace read line by line: the whole Azure conversation trace (19,366) stays a list.
+COLUMNS_FROM_REQUESTS = 1 << 16
 
 # Read at once up to this size (the whole Azure conversation trace is 1.9 MB): a 1 M-request
 # trace is streamed, so that its text and lines are never all in memory.
@@ -241,19 +252,28 @@ def _load_at_once(path: str | Path) -> Trace | None:
         return None
     if len(objs) != len(lines):
         return None
-    records = _Records()
+    records = _Records(columns=len(lines) > COLUMNS_FROM_REQUESTS)
     try:
         for index, (line, obj) in enumerate(zip(lines, objs, strict=True)):
             records.take(line, obj, index)
-        return build_trace(path, records.metadata, records.requests)
+            objs[index] = None  # its Request holds what is kept of it
+        return build_trace(path, records.metadata, _built(records.requests))
     except TraceFormatError:
         return None
+
+
+def _built(requests: list[Request] | RequestColumnsBuilder) -> list[Request] | RequestColumns:
+    if isinstance(requests, RequestColumnsBuilder):
+        return requests.build() if len(requests) else []
+    return requests
 
 
 _JSON_SPACE = " \t\r"  # JSON's whitespace within a line
 
 
-def build_trace(path: str | Path, metadata: Metadata, requests: list[Request]) -> Trace:
+def build_trace(
+    path: str | Path, metadata: Metadata, requests: list[Request] | RequestColumns
+) -> Trace:
     """Wrap loaded requests in a Trace named by the metadata (or the file's stem)."""
     if not requests:
         raise TraceFormatError("file has no requests", path=path)
@@ -261,7 +281,7 @@ def build_trace(path: str | Path, metadata: Metadata, requests: list[Request]) -
         return Trace(
             name=metadata.name or Path(path).stem,
             hash_block_size=metadata.hash_block_size,
-            requests=requests,
+            requests=requests,  # type: ignore[arg-type]  # columns read as a list
         )
     except TraceFormatError as err:
         raise err.located(path) from None
