@@ -27,6 +27,7 @@ from kvsim.costmodel import (
     resolve_model,
 )
 from kvsim.sim.allocators import build_allocator
+from kvsim.sim.compiled_offload import CompiledOffloadSimulation, compiled_offload_applies
 from kvsim.sim.compiled_v1 import CompiledV1Simulation, compiled_v1_applies
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.engine_mode import (
@@ -294,7 +295,10 @@ def simulate(
             fast=config.fast_decode and placeholder_tokens and offload is None,
             **_offload_option(offload),
         )  # fmt: skip
-        compiled = offload is None and compiled_v1_applies(scheduler, executor, config.fast_decode)
+        if offload is None:
+            compiled = compiled_v1_applies(scheduler, executor, config.fast_decode)
+        else:
+            compiled = compiled_offload_applies(scheduler, executor, config.fast_decode, offload)
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
         prefix_of = prefix_source_of(trace, config.block_size)
@@ -355,9 +359,13 @@ def simulate(
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}
     )
-    if offload is not None:
+    simulation: type[Simulation] = CompiledV1Simulation if compiled else Simulation
+    if offload is not None and compiled:
+        options["offload"] = offload
+        simulation = CompiledOffloadSimulation
+    elif offload is not None:
         options["offload_worker"] = offload.worker()
-    sim = (CompiledV1Simulation if compiled else Simulation)(
+    sim = simulation(
         trace.requests,
         scheduler,
         executor,

@@ -93,7 +93,7 @@ class CompiledV1Simulation(Simulation):
         core_module = load()
         assert core_module is not None, "check compiled_v1_applies first"
         bm = scheduler.block_manager
-        self.core = core_module.V1Core.from_config(
+        self.core = getattr(core_module, self.core_class).from_config(
             scheduler.config,
             bm.num_blocks,
             bm.block_size,
@@ -109,7 +109,14 @@ class CompiledV1Simulation(Simulation):
         self._on_usage = on_usage
         self._on_residency = on_residency
         self._key_source = key_source
-        self.core.start_loop(step_prices(executor, scheduler.config))
+        self._start_core(step_prices(executor, scheduler.config))
+
+    # The core's class in engine.compiled._core (a subclass may take another: offload).
+    core_class = "V1Core"
+
+    def _start_core(self, prices: dict[str, Any]) -> None:
+        """Start the core's engine loop with the step ``prices`` (before any request)."""
+        self.core.start_loop(prices)
 
     # Whether ``run`` may replay an open-loop trace without simpy (kvsim/sim/inline_clock.py);
     # False makes it take simpy's path always (tests compare the two).
