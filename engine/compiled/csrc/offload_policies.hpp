@@ -12,15 +12,15 @@
 #include <list>
 #include <queue>
 #include <stdexcept>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "flat_keys.hpp"
 
 namespace kvsim {
 
 using OffloadKey = int64_t;
-using KeySet = std::unordered_set<OffloadKey>;
+using KeySet = FlatKeySet;
 
 // ChunkStatus: ``ref_cnt`` -1 = store in flight, 0 = ready and evictable, > 0 = pinned.
 struct TierChunk {
@@ -31,7 +31,7 @@ struct TierChunk {
 
 // RequestContext: what the tier remembers about one request.
 struct TierRequest {
-  std::unordered_map<OffloadKey, int64_t> positions;  // key -> tokens up to its chunk's end
+  FlatKeyMap<int64_t> positions;  // key -> tokens up to its chunk's end
   int64_t lru_rank = -1;                              // -1: none yet
   std::vector<OffloadKey> seen_order;
   KeySet seen, inserted, reused, store_misses;
@@ -67,7 +67,7 @@ class OrderedKeys {
 
  private:
   std::list<OffloadKey> order_;
-  std::unordered_map<OffloadKey, std::list<OffloadKey>::iterator> pos_;
+  FlatKeyMap<std::list<OffloadKey>::iterator> pos_;
 };
 
 // CachePolicy: the interface both policies implement.
@@ -106,7 +106,7 @@ class LruPolicy : public TierPolicy {
   }
 
   void held_keys(std::vector<OffloadKey>& out) const override {
-    for (const auto& kv : chunks_) out.push_back(kv.first);
+    chunks_.for_each([&](OffloadKey key, const Entry&) { out.push_back(key); });
   }
 
   void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) override {
@@ -232,7 +232,7 @@ class LruPolicy : public TierPolicy {
     e.evictable_at = -1;
   }
 
-  std::unordered_map<OffloadKey, Entry> chunks_;
+  FlatKeyMap<Entry> chunks_;
   std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
   int64_t next_rank_ = 0;
   std::vector<OffloadKey> evictable_;
@@ -353,7 +353,7 @@ class ArcPolicy : public TierPolicy {
     }
   }
 
-  std::unordered_map<OffloadKey, TierChunk> chunks_;  // T1's and T2's chunks
+  FlatKeyMap<TierChunk> chunks_;  // T1's and T2's chunks
   OrderedKeys t1_, t2_, b1_, b2_;
   double target_ = 0.0;
 };

@@ -188,8 +188,9 @@ class CpuTier {
       for (size_t i = 0; i < keys.size(); ++i) keys[i] = by_position[i].second;
     }
     KeySet insertion_only;
-    for (const OffloadKey key : ctx.inserted)
+    ctx.inserted.for_each([&](OffloadKey key) {
       if (!ctx.reused.count(key)) insertion_only.insert(key);
+    });
     policy_->on_request_finished(keys, insertion_only, ctx.reused);
     requests_.erase(found);
   }
