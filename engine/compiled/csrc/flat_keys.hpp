@@ -95,6 +95,11 @@ class FlatKeyMap {
     size_ = 0;
   }
 
+  // Room for ``n`` entries without growing again.
+  void reserve(size_t n) {
+    if (2 * n > slots_.size()) grow(2 * n);
+  }
+
   // f(key, value) for every entry, in table order.
   template <class F>
   void for_each(F&& f) const {
@@ -109,9 +114,10 @@ class FlatKeyMap {
     return size_t(x ^ (x >> 29)) & mask_;
   }
 
-  void grow() {
+  void grow(size_t at_least = 0) {
     std::vector<Slot> old = std::move(slots_);
-    const size_t capacity = old.empty() ? 16 : 2 * old.size();
+    size_t capacity = old.empty() ? 16 : 2 * old.size();
+    while (capacity < at_least) capacity *= 2;
     slots_ = std::vector<Slot>(capacity);
     mask_ = capacity - 1;
     size_ = 0;
@@ -138,6 +144,7 @@ class FlatKeySet {
   bool insert(int64_t key) { return map_.emplace(key, Empty()).second; }
   template <class It>
   void insert(It first, It last) {
+    map_.reserve(map_.size() + size_t(last - first));
     for (; first != last; ++first) insert(*first);
   }
   bool erase(int64_t key) { return map_.erase(key); }

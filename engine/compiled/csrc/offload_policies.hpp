@@ -160,22 +160,25 @@ class LruPolicy : public TierPolicy {
   bool evict(int64_t n, const KeySet& protect,
              std::vector<std::pair<OffloadKey, TierChunk>>& victims) override {
     if (n == 0) return true;
-    std::vector<HeapEntry> selected, passed_over;
-    KeySet selected_keys;
+    std::vector<HeapEntry>& selected = selected_;
+    std::vector<HeapEntry>& passed_over = passed_over_;
+    selected.clear();
+    passed_over.clear();
+    ++num_evict_calls_;  // stamps the chunks this call chooses
     while (!heap_.empty() && int64_t(selected.size()) < n) {
       const HeapEntry top = heap_.top();
       heap_.pop();
       const auto found = chunks_.find(top.second);
       // stale: the chunk was pinned, re-ranked, dropped or already chosen
       if (found == chunks_.end() || !found->second.evictable() || found->second.rank != top.first ||
-          selected_keys.count(top.second))
+          found->second.chosen_in == num_evict_calls_)
         continue;
       if (protect.count(top.second)) {
         passed_over.push_back(top);
         continue;
       }
       selected.push_back(top);
-      selected_keys.insert(top.second);
+      found->second.chosen_in = num_evict_calls_;
     }
     for (const HeapEntry& e : passed_over) heap_.push(e);
     if (int64_t(selected.size()) < n) {
@@ -203,6 +206,7 @@ class LruPolicy : public TierPolicy {
     TierChunk chunk;
     int64_t rank = 0;
     int64_t evictable_at = -1;  // its index in evictable_, -1 when not evictable
+    int64_t chosen_in = 0;      // the evict() call that chose it (a heap entry may repeat)
     bool evictable() const { return evictable_at >= 0; }
   };
   using HeapEntry = std::pair<int64_t, OffloadKey>;  // (rank, key): the tuple's order
@@ -236,6 +240,8 @@ class LruPolicy : public TierPolicy {
   std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
   int64_t next_rank_ = 0;
   std::vector<OffloadKey> evictable_;
+  std::vector<HeapEntry> selected_, passed_over_;  // evict()'s
+  int64_t num_evict_calls_ = 0;
 };
 
 // ARCPolicy: T1 (seen once) and T2 (reused), ghost lists B1 and B2, an adaptive target.

@@ -94,7 +94,12 @@ class CpuTier {
     TierRequest& ctx = requests_[req];
     to_store.clear();
     evicted.clear();
-    std::vector<OffloadKey> ready_existing, new_misses, recorded;
+    std::vector<OffloadKey>& ready_existing = ready_existing_;
+    std::vector<OffloadKey>& new_misses = new_misses_;
+    std::vector<OffloadKey>& recorded = recorded_;
+    ready_existing.clear();
+    new_misses.clear();
+    recorded.clear();
     for (size_t i = 0; i < n; ++i) {
       const TierChunk* chunk = policy_->get(keys[i]);
       if (chunk == nullptr) {
@@ -221,6 +226,7 @@ class CpuTier {
   std::unique_ptr<TierPolicy> policy_;
   std::unordered_map<int64_t, TierRequest> requests_;
   std::vector<OffloadKey> scratch_;
+  std::vector<OffloadKey> ready_existing_, new_misses_, recorded_;  // prepare_store's
   std::vector<std::pair<OffloadKey, TierChunk>> victims_;
 };
 
