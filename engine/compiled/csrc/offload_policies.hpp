@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <queue>
@@ -141,7 +142,7 @@ class LruPolicy : public TierPolicy {
                            const KeySet&) override {
     for (auto it = keys.rbegin(); it != keys.rend(); ++it) {  // tail first
       const auto found = chunks_.find(*it);
-      if (found != chunks_.end()) set_rank(*it, found->second, rank(++next_rank_, 0));
+      if (found != chunks_.end()) set_fresh_rank(*it, found->second);
     }
   }
 
@@ -165,9 +166,8 @@ class LruPolicy : public TierPolicy {
     selected.clear();
     passed_over.clear();
     ++num_evict_calls_;  // stamps the chunks this call chooses
-    while (!heap_.empty() && int64_t(selected.size()) < n) {
-      const HeapEntry top = heap_.top();
-      heap_.pop();
+    HeapEntry top;
+    while (int64_t(selected.size()) < n && pop_min(top)) {
       const auto found = chunks_.find(top.second);
       // stale: the chunk was pinned, re-ranked, dropped or already chosen
       if (found == chunks_.end() || !found->second.evictable() || found->second.rank != top.first ||
@@ -191,12 +191,13 @@ class LruPolicy : public TierPolicy {
       remove_evictable(found->second);
       chunks_.erase(found);
     }
-    if (heap_.size() > std::max<size_t>(64, 2 * evictable_.size())) {
+    if (heap_.size() + fresh_.size() > std::max<size_t>(64, 2 * evictable_.size())) {
       // stale entries pile up as ranks change: rebuild from the live ones
       std::vector<HeapEntry> live;
       live.reserve(evictable_.size());
       for (const OffloadKey key : evictable_) live.emplace_back(chunks_.at(key).rank, key);
       heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
+      fresh_.clear();
     }
     return true;
   }
@@ -223,6 +224,26 @@ class LruPolicy : public TierPolicy {
     e.rank = r;
     if (e.evictable()) heap_.emplace(r, key);
   }
+  // set_rank to a new request rank's: larger than every rank given before, so its entry
+  // goes to the back of ``fresh_`` (kept in rank order) instead of into the heap. A chunk's
+  // re-rank when its request finishes is most of the pushes; the queue makes them O(1).
+  void set_fresh_rank(OffloadKey key, Entry& e) {
+    e.rank = rank(++next_rank_, 0);
+    if (e.evictable()) fresh_.emplace_back(e.rank, key);
+  }
+  // The smallest (rank, key) of the heap and ``fresh_`` together, taken out; false if both
+  // are empty. The two pop in the order one heap holding both would.
+  bool pop_min(HeapEntry& out) {
+    if (fresh_.empty() || (!heap_.empty() && heap_.top() < fresh_.front())) {
+      if (heap_.empty()) return false;
+      out = heap_.top();
+      heap_.pop();
+    } else {
+      out = fresh_.front();
+      fresh_.pop_front();
+    }
+    return true;
+  }
   // policies.py's _evictable set: a vector with swap-removal (the heap is rebuilt from it)
   void add_evictable(OffloadKey key, Entry& e) {
     e.evictable_at = int64_t(evictable_.size());
@@ -238,6 +259,7 @@ class LruPolicy : public TierPolicy {
 
   FlatKeyMap<Entry> chunks_;
   std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
+  std::deque<HeapEntry> fresh_;  // entries of fresh ranks, in rank order
   int64_t next_rank_ = 0;
   std::vector<OffloadKey> evictable_;
   std::vector<HeapEntry> selected_, passed_over_;  // evict()'s
