@@ -99,11 +99,23 @@ class CoreScheduler:
     def num_held(self) -> int:
         return int(self.core.tier_num_held)
 
+    @property
+    def num_evicted(self) -> int:
+        return int(self.core.tier_num_evicted)
+
     def held_keys(self) -> list[int]:
         return list(self.core.tier_held_keys())
 
     def has_unfinished(self) -> bool:
         return bool(self.core.has_unfinished())
+
+    def add_request(self, seq: Sequence) -> None:
+        """A token-id request (as offload_drive makes them), arriving now."""
+        self.core.set_time(seq.arrival_time)
+        max_tokens = seq.sampling_params.max_tokens
+        self.core.add_token_request(
+            seq.seq_id, list(seq.prompt_token_ids), max_tokens, seq.arrival_time
+        )
 
     def add_row(self, row: dict[str, Any]) -> None:
         """A trace row, as make_sequence reads it (v1_replay.CompiledBackend.add's rules)."""
@@ -118,6 +130,8 @@ class CoreScheduler:
             seqs=[_Seq(core, i) for i in ids],
             num_new_tokens=tokens,
             num_batched_tokens=step[1],
+            is_empty=not ids,
+            rejected=core.rejected(),
             preempted=[SimpleNamespace(seq_id=i) for i in core.preempted()],
             admitted=[_Seq(core, i) for i, _hits in core.admitted()],
             connector_meta=SimpleNamespace(

@@ -149,6 +149,7 @@ class FlatKeySet {
   }
   bool erase(int64_t key) { return map_.erase(key); }
   void clear() { map_.clear(); }
+  void reserve(size_t n) { map_.reserve(n); }
   template <class F>
   void for_each(F&& f) const {
     map_.for_each([&](int64_t key, const Empty&) { f(key); });

@@ -87,6 +87,8 @@ class TierPolicy {
   virtual void on_request_access(const std::vector<OffloadKey>&, TierRequest&) {}
   virtual void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet& insertion_only,
                                    const KeySet& reused) = 0;
+  // Whether on_request_finished reads its two sets (ARC); LRU gets them empty.
+  virtual bool reads_access_sets() const { return true; }
   virtual void mark_evictable(OffloadKey) {}
   virtual void mark_non_evictable(OffloadKey) {}
   virtual double target_t1_size() const { return 0.0; }
@@ -137,6 +139,8 @@ class LruPolicy : public TierPolicy {
       if (found->second.rank < r) set_rank(key, found->second, r);  // never makes it older
     }
   }
+
+  bool reads_access_sets() const override { return false; }
 
   void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet&,
                            const KeySet&) override {

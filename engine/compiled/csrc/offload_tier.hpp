@@ -47,6 +47,13 @@ class CpuTier {
   // ctx.positions[keys[i]] = first + i * step (the connector's _update_offload_keys)
   void add_positions(int64_t req, const OffloadKey* keys, size_t n, int64_t first, int64_t step) {
     TierRequest& ctx = requests_[req];
+    // The request's sets hold at most its chunks: room for them now, not by doublings
+    // (a long prompt's first lookup brings all its chunks at once)
+    const size_t expected = ctx.positions.size() + n;
+    ctx.positions.reserve(expected);
+    ctx.seen.reserve(expected);
+    ctx.inserted.reserve(expected);
+    ctx.store_misses.reserve(expected);
     for (size_t i = 0; i < n; ++i) ctx.positions[keys[i]] = first + int64_t(i) * step;
   }
 
@@ -179,7 +186,7 @@ class CpuTier {
     TierRequest& ctx = found->second;
     if (ctx.finished) return;
     ctx.finished = true;
-    std::vector<OffloadKey> keys = ctx.seen_order;
+    std::vector<OffloadKey> keys = std::move(ctx.seen_order);  // the record goes below
     std::vector<std::pair<int64_t, OffloadKey>> by_position;  // (position, key)
     by_position.reserve(keys.size());
     for (const OffloadKey key : keys) {
@@ -188,14 +195,19 @@ class CpuTier {
       by_position.emplace_back(found->second, key);
     }
     if (by_position.size() == keys.size()) {  // every key has a position: sort by it
-      std::stable_sort(by_position.begin(), by_position.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (size_t i = 0; i < keys.size(); ++i) keys[i] = by_position[i].second;
+      const auto by_first = [](const auto& a, const auto& b) { return a.first < b.first; };
+      // (most requests touch their chunks in prompt order: already sorted)
+      if (!std::is_sorted(by_position.begin(), by_position.end(), by_first)) {
+        std::stable_sort(by_position.begin(), by_position.end(), by_first);
+        for (size_t i = 0; i < keys.size(); ++i) keys[i] = by_position[i].second;
+      }
     }
     KeySet insertion_only;
-    ctx.inserted.for_each([&](OffloadKey key) {
-      if (!ctx.reused.count(key)) insertion_only.insert(key);
-    });
+    if (policy_->reads_access_sets()) {
+      ctx.inserted.for_each([&](OffloadKey key) {
+        if (!ctx.reused.count(key)) insertion_only.insert(key);
+      });
+    }
     policy_->on_request_finished(keys, insertion_only, ctx.reused);
     requests_.erase(found);
   }
