@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <queue>
 #include <stdexcept>
 #include <utility>
@@ -87,6 +88,8 @@ class TierPolicy {
   virtual void on_request_access(const std::vector<OffloadKey>&, TierRequest&) {}
   virtual void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet& insertion_only,
                                    const KeySet& reused) = 0;
+  // After on_request_finished, the request's rank (LRU's major; -1: it had none).
+  virtual void on_request_done(int64_t) {}
   // Whether on_request_finished reads its two sets (ARC); LRU gets them empty.
   virtual bool reads_access_sets() const { return true; }
   virtual void mark_evictable(OffloadKey) {}
@@ -124,7 +127,7 @@ class LruPolicy : public TierPolicy {
     }
     if (chunk.ref_cnt == 0) {
       add_evictable(key, e);
-      heap_.emplace(e.rank, key);
+      push(e.rank, key);
     }
   }
 
@@ -153,7 +156,7 @@ class LruPolicy : public TierPolicy {
   void mark_evictable(OffloadKey key) override {
     Entry& e = chunks_.at(key);
     add_evictable(key, e);
-    heap_.emplace(e.rank, key);
+    push(e.rank, key);
   }
 
   void mark_non_evictable(OffloadKey key) override {
@@ -195,13 +198,15 @@ class LruPolicy : public TierPolicy {
       remove_evictable(found->second);
       chunks_.erase(found);
     }
-    if (heap_.size() + fresh_.size() > std::max<size_t>(64, 2 * evictable_.size())) {
+    if (num_entries() > std::max<size_t>(64, 2 * evictable_.size())) {
       // stale entries pile up as ranks change: rebuild from the live ones
       std::vector<HeapEntry> live;
       live.reserve(evictable_.size());
       for (const OffloadKey key : evictable_) live.emplace_back(chunks_.at(key).rank, key);
       heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
       fresh_.clear();
+      buckets_.clear();
+      num_in_buckets_ = 0;
     }
     return true;
   }
@@ -226,7 +231,7 @@ class LruPolicy : public TierPolicy {
   }
   void set_rank(OffloadKey key, Entry& e, int64_t r) {
     e.rank = r;
-    if (e.evictable()) heap_.emplace(r, key);
+    if (e.evictable()) push(r, key);
   }
   // set_rank to a new request rank's: larger than every rank given before, so its entry
   // goes to the back of ``fresh_`` (kept in rank order) instead of into the heap. A chunk's
@@ -235,19 +240,60 @@ class LruPolicy : public TierPolicy {
     e.rank = rank(++next_rank_, 0);
     if (e.evictable()) fresh_.emplace_back(e.rank, key);
   }
-  // The smallest (rank, key) of the heap and ``fresh_`` together, taken out; false if both
-  // are empty. The two pop in the order one heap holding both would.
-  bool pop_min(HeapEntry& out) {
-    if (fresh_.empty() || (!heap_.empty() && heap_.top() < fresh_.front())) {
-      if (heap_.empty()) return false;
-      out = heap_.top();
-      heap_.pop();
+  // An evictable chunk's entry of rank ``r``: onto the stack of its rank's request (its
+  // major) when that keeps the stack's smallest rank at its back (a request's chunks become
+  // evictable head first, so tail first is smallest first), else into the heap.
+  void push(int64_t r, OffloadKey key) {
+    std::vector<HeapEntry>& stack = buckets_[r >> 32];
+    if (stack.empty() || HeapEntry(r, key) < stack.back()) {
+      stack.emplace_back(r, key);
+      ++num_in_buckets_;
     } else {
+      heap_.emplace(r, key);
+    }
+  }
+  size_t num_entries() const { return heap_.size() + fresh_.size() + num_in_buckets_; }
+
+  // The smallest (rank, key) of the heap, the request stacks and ``fresh_`` together, taken
+  // out; false if all are empty. They pop in the order one heap holding all would: each
+  // gives its own smallest, and a stack of a smaller major holds only smaller ranks.
+  bool pop_min(HeapEntry& out) {
+    while (!buckets_.empty() && buckets_.begin()->second.empty()) buckets_.erase(buckets_.begin());
+    int source = -1;  // 0 heap, 1 stacks, 2 fresh
+    if (!heap_.empty()) {
+      source = 0;
+      out = heap_.top();
+    }
+    if (!buckets_.empty() && (source < 0 || buckets_.begin()->second.back() < out)) {
+      source = 1;
+      out = buckets_.begin()->second.back();
+    }
+    if (!fresh_.empty() && (source < 0 || fresh_.front() < out)) {
+      source = 2;
       out = fresh_.front();
+    }
+    if (source == 0) {
+      heap_.pop();
+    } else if (source == 1) {
+      buckets_.begin()->second.pop_back();
+      --num_in_buckets_;
+    } else if (source == 2) {
       fresh_.pop_front();
     }
-    return true;
+    return source >= 0;
   }
+
+ public:
+  // The request of rank ``major`` finished: every chunk ranked under it was re-ranked
+  // fresh (on_request_finished), so its stack holds only stale entries; drop them at once.
+  void on_request_done(int64_t major) override {
+    const auto found = buckets_.find(major);
+    if (found == buckets_.end()) return;
+    num_in_buckets_ -= found->second.size();
+    buckets_.erase(found);
+  }
+
+ private:
   // policies.py's _evictable set: a vector with swap-removal (the heap is rebuilt from it)
   void add_evictable(OffloadKey key, Entry& e) {
     e.evictable_at = int64_t(evictable_.size());
@@ -264,6 +310,8 @@ class LruPolicy : public TierPolicy {
   FlatKeyMap<Entry> chunks_;
   std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
   std::deque<HeapEntry> fresh_;  // entries of fresh ranks, in rank order
+  std::map<int64_t, std::vector<HeapEntry>> buckets_;  // by major: stacks, smallest at back
+  size_t num_in_buckets_ = 0;
   int64_t next_rank_ = 0;
   std::vector<OffloadKey> evictable_;
   std::vector<HeapEntry> selected_, passed_over_;  // evict()'s

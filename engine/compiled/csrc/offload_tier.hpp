@@ -209,6 +209,7 @@ class CpuTier {
       });
     }
     policy_->on_request_finished(keys, insertion_only, ctx.reused);
+    if (ctx.lru_rank >= 0) policy_->on_request_done(ctx.lru_rank);
     requests_.erase(found);
   }
 
