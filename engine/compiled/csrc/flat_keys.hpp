@@ -1,6 +1,6 @@
 // Hash maps and sets keyed by a chunk's int64 key, in one flat array: open addressing with
-// linear probing, a power-of-two table at most half full, backward-shift deletion (no
-// tombstones). The CPU tier (offload_tier.hpp, offload_policies.hpp) looks keys up millions
+// linear probing, a power-of-two table at most three quarters full, backward-shift deletion
+// (no tombstones). The CPU tier (offload_tier.hpp, offload_policies.hpp) looks keys up millions
 // of times a run; std::unordered_map's node per entry and prime-modulo buckets were most of
 // an offload run's time (Mooncake's first 1,000 requests: ~0.8 M chunks stored and evicted,
 // ~4 us each). Nothing iterates these in an order that decides anything (every iteration
@@ -54,7 +54,7 @@ class FlatKeyMap {
 
   // Insert (key, value) unless the key is held; (its slot, whether inserted).
   std::pair<Slot*, bool> emplace(int64_t key, V value) {
-    if (2 * (size_ + 1) > slots_.size()) grow();
+    if (4 * (size_ + 1) > 3 * slots_.size()) grow();
     size_t i = home(key);
     for (; slots_[i].used; i = (i + 1) & mask_)
       if (slots_[i].first == key) return {&slots_[i], false};
@@ -97,7 +97,7 @@ class FlatKeyMap {
 
   // Room for ``n`` entries without growing again.
   void reserve(size_t n) {
-    if (2 * n > slots_.size()) grow(2 * n);
+    if (4 * n > 3 * slots_.size()) grow((4 * n + 2) / 3);
   }
 
   // f(key, value) for every entry, in table order.

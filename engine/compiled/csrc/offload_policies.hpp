@@ -215,8 +215,8 @@ class LruPolicy : public TierPolicy {
   struct Entry {
     TierChunk chunk;
     int64_t rank = 0;
-    int64_t evictable_at = -1;  // its index in evictable_, -1 when not evictable
-    int64_t chosen_in = 0;      // the evict() call that chose it (a heap entry may repeat)
+    int32_t evictable_at = -1;  // its index in evictable_, -1 when not evictable
+    uint32_t chosen_in = 0;     // the evict() call that chose it (a heap entry may repeat)
     bool evictable() const { return evictable_at >= 0; }
   };
   using HeapEntry = std::pair<int64_t, OffloadKey>;  // (rank, key): the tuple's order
@@ -296,7 +296,7 @@ class LruPolicy : public TierPolicy {
  private:
   // policies.py's _evictable set: a vector with swap-removal (the heap is rebuilt from it)
   void add_evictable(OffloadKey key, Entry& e) {
-    e.evictable_at = int64_t(evictable_.size());
+    e.evictable_at = int32_t(evictable_.size());
     evictable_.push_back(key);
   }
   void remove_evictable(Entry& e) {
@@ -315,7 +315,7 @@ class LruPolicy : public TierPolicy {
   int64_t next_rank_ = 0;
   std::vector<OffloadKey> evictable_;
   std::vector<HeapEntry> selected_, passed_over_;  // evict()'s
-  int64_t num_evict_calls_ = 0;
+  uint32_t num_evict_calls_ = 0;  // wraps: a stamp 2^32 calls old is never compared
 };
 
 // ARCPolicy: T1 (seen once) and T2 (reused), ghost lists B1 and B2, an adaptive target.
