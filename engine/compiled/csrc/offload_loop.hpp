@@ -190,24 +190,14 @@ class OffloadSimLoop : public SimLoop {
           now_ = now_ + dt;
           break;
         }
-        case kAfterIdle: {
-          phase_ = kTop;
-          sched_->set_time(now_);
-          const size_t before = finished.size();
-          collect(sched_->update(worker.poll(now_)));
-          if (stop_on_finish && finished.size() > before) return kFinished;
+        case kAfterIdle:
+          if (update(worker.poll(now_)) && stop_on_finish) return kFinished;
           break;
-        }
-        case kAfterStep: {
-          phase_ = kTop;
-          sched_->set_time(now_);
-          const size_t before = finished.size();
-          collect(sched_->update(completed_));
-          if (stop_on_finish && finished.size() > before) return kFinished;
+        case kAfterStep:
+          if (update(completed_) && stop_on_finish) return kFinished;
           if (sched_->pool().events.size() >= chunk_events) return kEvents;
           if (int64_t(duration_s.size()) >= report_at) return kReport;
           break;
-        }
       }
     }
   }
@@ -226,6 +216,15 @@ class OffloadSimLoop : public SimLoop {
     if (scheduler->connector() == nullptr)
       throw std::logic_error("the scheduler has no offload tier (enable_offload first)");
     return scheduler->connector();
+  }
+
+  // The step's update at ``now_`` with the jobs reported done; whether requests finished.
+  bool update(const std::vector<int64_t>& completed) {
+    phase_ = kTop;
+    sched_->set_time(now_);
+    const size_t before = finished.size();
+    collect(sched_->update(completed));
+    return finished.size() > before;
   }
 
   void price_load(int64_t j) {
