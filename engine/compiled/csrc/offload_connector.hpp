@@ -106,7 +106,7 @@ class OffloadConnector {
   // update_state_after_alloc: ``table`` is the request's block table after allocation.
   void update_state_after_alloc(int64_t seq_id, const std::vector<int32_t>& table,
                                 int32_t num_external_tokens) {
-    batch_allocated_.insert(table.begin(), table.end());
+    allocate(table.begin(), table.end());
     if (num_external_tokens == 0) return;
     State& st = state(seq_id);
     const int64_t num_cached = int64_t(st.num_local_tokens) + num_external_tokens;
@@ -142,7 +142,6 @@ class OffloadConnector {
   const OffloadMeta& build_meta(BlockPool& pool, const std::vector<Scheduled>& scheduled,
                                 const std::vector<int64_t>& admitted,
                                 const std::vector<int64_t>& preempted) {
-    std::unordered_set<int32_t>& allocated = batch_allocated_;
     meta_.store_jobs.clear();
     meta_.jobs_to_flush.clear();
     for (const Scheduled& s : scheduled) {
@@ -152,11 +151,11 @@ class OffloadConnector {
       const std::vector<int32_t>& table = pool.get(s.handle).table;
       if (std::find(admitted.begin(), admitted.end(), s.seq_id) != admitted.end()) {
         st.block_ids = table;
-        allocated.insert(table.begin(), table.end());
+        allocate(table.begin(), table.end());
       } else if (table.size() > st.block_ids.size()) {
         const auto first = table.begin() + std::ptrdiff_t(st.block_ids.size());
         st.block_ids.insert(st.block_ids.end(), first, table.end());
-        allocated.insert(first, table.end());
+        allocate(first, table.end());
       }
     }
     std::unordered_set<int64_t>& flush = meta_.jobs_to_flush;
@@ -168,7 +167,7 @@ class OffloadConnector {
           flush.insert(j);
     }
     if (!block_pending_jobs_.empty()) {
-      for (const int32_t b : allocated) {
+      for (const int32_t b : batch_allocated_) {
         const auto found = block_pending_jobs_.find(b);
         if (found != block_pending_jobs_.end())
           flush.insert(found->second.begin(), found->second.end());
@@ -191,7 +190,7 @@ class OffloadConnector {
       if (st.finished) {
         for (const int32_t b : jobs_.at(job_id).gpu_block_ids) {
           block_pending_jobs_[b].insert(job_id);
-          if (allocated.count(b)) flush.insert(job_id);
+          if (allocated(b)) flush.insert(job_id);
         }
       }
     }
@@ -206,6 +205,7 @@ class OffloadConnector {
     meta_.evicted_keys.swap(batch_evicted_);
     batch_evicted_.clear();
     batch_allocated_.clear();
+    ++batch_;  // every block's stamp is now of an older batch
     finished_since_meta_.clear();
     return meta_;
   }
@@ -283,6 +283,21 @@ class OffloadConnector {
 
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+  // _batch_allocated.update(blocks)
+  template <class It>
+  void allocate(It first, It last) {
+    for (; first != last; ++first) {
+      const int32_t b = *first;
+      if (size_t(b) >= allocated_in_.size()) allocated_in_.resize(size_t(b) + 1, 0);
+      if (allocated_in_[size_t(b)] == batch_) continue;
+      allocated_in_[size_t(b)] = batch_;
+      batch_allocated_.push_back(b);
+    }
+  }
+  bool allocated(int32_t b) const {
+    return size_t(b) < allocated_in_.size() && allocated_in_[size_t(b)] == batch_;
+  }
+
   State& state(int64_t seq_id) {
     const auto found = states_.find(seq_id);
     if (found == states_.end())
@@ -339,9 +354,11 @@ class OffloadConnector {
     job.seq_id = s.seq_id;
     job.is_store = true;
     job.keys = to_store_;
-    const std::unordered_set<int64_t> storing(to_store_.begin(), to_store_.end());
-    for (size_t i = 0; i < num_offered; ++i) {
-      if (!storing.count(offered[i])) continue;
+    // to_store is the offered keys the tier did not hold, in their order: walk both
+    size_t next = 0;
+    for (size_t i = 0; i < num_offered && next < to_store_.size(); ++i) {
+      if (offered[i] != to_store_[next]) continue;
+      ++next;
       const auto first = st.block_ids.begin() + std::ptrdiff_t((int64_t(i) + start) * bpc_);
       job.gpu_block_ids.insert(job.gpu_block_ids.end(), first, first + bpc_);
     }
@@ -361,7 +378,11 @@ class OffloadConnector {
   std::unordered_set<int64_t> being_loaded_;
   std::unordered_map<int32_t, std::unordered_set<int64_t>> block_pending_jobs_;
   std::vector<int64_t> batch_loads_;
-  std::unordered_set<int32_t> batch_allocated_;
+  // _batch_allocated: the blocks allocated in this batch, each once (a block is in it when its
+  // stamp is the batch's number)
+  std::vector<int32_t> batch_allocated_;
+  std::vector<uint32_t> allocated_in_;  // by block id: the batch that last allocated it
+  uint32_t batch_ = 1;
   std::vector<int64_t> batch_evicted_;
   std::vector<int64_t> finished_since_meta_;
   OffloadMeta meta_;
