@@ -118,7 +118,7 @@ class LruPolicy : public TierPolicy {
   void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) override {
     Entry& e = chunks_[key];
     e.chunk = chunk;
-    e.evictable_at = -1;
+    e.is_evictable = false;
     const auto position = ctx.positions.find(key);
     if (position == ctx.positions.end()) {
       e.rank = rank(++next_rank_, 0);
@@ -198,11 +198,13 @@ class LruPolicy : public TierPolicy {
       remove_evictable(found->second);
       chunks_.erase(found);
     }
-    if (num_entries() > std::max<size_t>(64, 2 * evictable_.size())) {
+    if (num_entries() > std::max<size_t>(64, 2 * num_evictable_)) {
       // stale entries pile up as ranks change: rebuild from the live ones
       std::vector<HeapEntry> live;
-      live.reserve(evictable_.size());
-      for (const OffloadKey key : evictable_) live.emplace_back(chunks_.at(key).rank, key);
+      live.reserve(num_evictable_);
+      chunks_.for_each([&](OffloadKey key, const Entry& e) {
+        if (e.evictable()) live.emplace_back(e.rank, key);
+      });
       heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
       fresh_.clear();
       buckets_.clear();
@@ -215,9 +217,9 @@ class LruPolicy : public TierPolicy {
   struct Entry {
     TierChunk chunk;
     int64_t rank = 0;
-    int32_t evictable_at = -1;  // its index in evictable_, -1 when not evictable
+    bool is_evictable = false;
     uint32_t chosen_in = 0;     // the evict() call that chose it (a heap entry may repeat)
-    bool evictable() const { return evictable_at >= 0; }
+    bool evictable() const { return is_evictable; }
   };
   using HeapEntry = std::pair<int64_t, OffloadKey>;  // (rank, key): the tuple's order
 
@@ -294,17 +296,15 @@ class LruPolicy : public TierPolicy {
   }
 
  private:
-  // policies.py's _evictable set: a vector with swap-removal (the heap is rebuilt from it)
-  void add_evictable(OffloadKey key, Entry& e) {
-    e.evictable_at = int32_t(evictable_.size());
-    evictable_.push_back(key);
+  // policies.py's _evictable set: a flag per chunk and a count (a rebuild of the eviction
+  // order walks the chunk map: no second lookup per eviction to keep a list dense)
+  void add_evictable(OffloadKey, Entry& e) {
+    e.is_evictable = true;
+    ++num_evictable_;
   }
   void remove_evictable(Entry& e) {
-    const OffloadKey last = evictable_.back();
-    evictable_[size_t(e.evictable_at)] = last;
-    chunks_.at(last).evictable_at = e.evictable_at;
-    evictable_.pop_back();
-    e.evictable_at = -1;
+    e.is_evictable = false;
+    --num_evictable_;
   }
 
   FlatKeyMap<Entry> chunks_;
@@ -313,7 +313,7 @@ class LruPolicy : public TierPolicy {
   std::map<int64_t, std::vector<HeapEntry>> buckets_;  // by major: stacks, smallest at back
   size_t num_in_buckets_ = 0;
   int64_t next_rank_ = 0;
-  std::vector<OffloadKey> evictable_;
+  size_t num_evictable_ = 0;
   std::vector<HeapEntry> selected_, passed_over_;  // evict()'s
   uint32_t num_evict_calls_ = 0;  // wraps: a stamp 2^32 calls old is never compared
 };
