@@ -85,6 +85,7 @@ class OffloadConnector {
     int64_t num_hit_chunks = 0;
     bool pending = false;
     for (int64_t i = start; i < end; ++i) {
+      if (i + 4 < end) tier.prefetch(keys[size_t(i + 4)]);
       const TierLookup result = tier.lookup(keys[size_t(i)]);
       if (result == kTierMiss) break;
       ++num_hit_chunks;

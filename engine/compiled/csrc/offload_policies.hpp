@@ -78,6 +78,7 @@ class TierPolicy {
   explicit TierPolicy(int64_t capacity) : capacity_(capacity) {}
   virtual ~TierPolicy() = default;
   virtual TierChunk* get(OffloadKey key) = 0;
+  virtual void prefetch(OffloadKey key) const = 0;  // get(key) comes soon
   virtual void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) = 0;
   // Remove exactly ``n`` evictable chunks not in ``protect`` into ``victims`` (key, chunk);
   // false, changing nothing, if there are fewer.
@@ -110,6 +111,7 @@ class LruPolicy : public TierPolicy {
     const auto found = chunks_.find(key);
     return found == chunks_.end() ? nullptr : &found->second.chunk;
   }
+  void prefetch(OffloadKey key) const override { chunks_.prefetch(key); }
 
   void held_keys(std::vector<OffloadKey>& out) const override {
     chunks_.for_each([&](OffloadKey key, const Entry&) { out.push_back(key); });
@@ -254,6 +256,7 @@ class LruPolicy : public TierPolicy {
       heap_.emplace(r, key);
     }
   }
+  static constexpr size_t kAhead = 4;  // how far ahead a walk over keys prefetches
   size_t num_entries() const { return heap_.size() + fresh_.size() + num_in_buckets_; }
 
   // The smallest (rank, key) of the heap, the request stacks and ``fresh_`` together, taken
@@ -281,6 +284,8 @@ class LruPolicy : public TierPolicy {
       --num_in_buckets_;
     } else if (source == 2) {
       fresh_.pop_front();
+      // the next victims usually come from the queue's head: their chunks, ahead
+      if (fresh_.size() > kAhead) chunks_.prefetch(fresh_[kAhead].second);
     }
     return source >= 0;
   }
@@ -327,6 +332,7 @@ class ArcPolicy : public TierPolicy {
     const auto found = chunks_.find(key);
     return found == chunks_.end() ? nullptr : &found->second;
   }
+  void prefetch(OffloadKey key) const override { chunks_.prefetch(key); }
 
   void held_keys(std::vector<OffloadKey>& out) const override {
     out.insert(out.end(), t1_.begin(), t1_.end());

@@ -58,6 +58,9 @@ class CpuTier {
   }
 
   // --- the manager's interface (CPUOffloadManager) ------------------------------------------
+  // lookup(key) comes soon (a request's chunks are looked up in a row)
+  void prefetch(OffloadKey key) const { policy_->prefetch(key); }
+
   TierLookup lookup(OffloadKey key) {
     const TierChunk* chunk = policy_->get(key);
     if (chunk == nullptr) return kTierMiss;
@@ -108,6 +111,7 @@ class CpuTier {
     new_misses.clear();
     recorded.clear();
     for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) policy_->prefetch(keys[i + kAhead]);
       const TierChunk* chunk = policy_->get(keys[i]);
       if (chunk == nullptr) {
         to_store.push_back(keys[i]);
@@ -238,6 +242,7 @@ class CpuTier {
   std::vector<int32_t> free_slots_;
   std::unique_ptr<TierPolicy> policy_;
   std::unordered_map<int64_t, TierRequest> requests_;
+  static constexpr size_t kAhead = 4;  // how far ahead a walk over keys prefetches
   std::vector<OffloadKey> scratch_;
   std::vector<OffloadKey> ready_existing_, new_misses_, recorded_;  // prepare_store's
   std::vector<std::pair<OffloadKey, TierChunk>> victims_;
