@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine.compiled
+from engine.core.errors import EngineError
 from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import write_run
 from kvsim.runner import run
@@ -55,7 +56,7 @@ def run_both(config: RunConfig, monkeypatch: pytest.MonkeyPatch, folders: Path |
         engine.compiled.cache_clear()
         try:
             results[path] = run(config)
-        except (ValueError, RuntimeError) as exc:  # TransferError is a ValueError
+        except (ValueError, RuntimeError, EngineError) as exc:  # the link's check, simpy's
             failed[path] = type(exc).__name__
         finally:
             monkeypatch.delenv("KVSIM_PURE_PYTHON", raising=False)

@@ -179,7 +179,12 @@ class OffloadSimLoop : public SimLoop {
             break;
           }
           completed_ = worker.poll(now_);
-          const double dt = record(s);
+          // The executor prices the step now: a flush wait that returned to Python may have
+          // let an abort free blocks since schedule() counted them (the walk reads the
+          // blocks used now; the other counts read the scheduled requests, which keep them)
+          StepInfo priced = s;
+          priced.blocks_walked = sched_->pool().num_blocks() - sched_->pool().num_free_blocks();
+          const double dt = record(priced);
           tier_chunks.push_back(sched_->connector()->tier.num_held());
           tier_evictions.push_back(sched_->connector()->tier.num_evicted);
           phase_ = kAfterStep;

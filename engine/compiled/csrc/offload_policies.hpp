@@ -8,16 +8,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <list>
-#include <map>
-#include <queue>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "flat_keys.hpp"
+#include "lru_order.hpp"
 
 namespace kvsim {
 
@@ -101,8 +99,8 @@ class TierPolicy {
   int64_t capacity_;
 };
 
-// LRUPolicy: ranks packed as policies.py's _rank, a heap of evictable chunks with stale
-// entries skipped.
+// LRUPolicy: ranks packed as policies.py's _rank, the evictable chunks in an LruOrder
+// (lru_order.hpp) with stale entries skipped.
 class LruPolicy : public TierPolicy {
  public:
   using TierPolicy::TierPolicy;
@@ -129,7 +127,7 @@ class LruPolicy : public TierPolicy {
     }
     if (chunk.ref_cnt == 0) {
       add_evictable(key, e);
-      push(e.rank, key);
+      order_.push(e.rank, key);
     }
   }
 
@@ -158,7 +156,7 @@ class LruPolicy : public TierPolicy {
   void mark_evictable(OffloadKey key) override {
     Entry& e = chunks_.at(key);
     add_evictable(key, e);
-    push(e.rank, key);
+    order_.push(e.rank, key);
   }
 
   void mark_non_evictable(OffloadKey key) override {
@@ -170,12 +168,12 @@ class LruPolicy : public TierPolicy {
   bool evict(int64_t n, const KeySet& protect,
              std::vector<std::pair<OffloadKey, TierChunk>>& victims) override {
     if (n == 0) return true;
-    std::vector<HeapEntry>& selected = selected_;
-    std::vector<HeapEntry>& passed_over = passed_over_;
+    std::vector<OrderEntry>& selected = selected_;
+    std::vector<OrderEntry>& passed_over = passed_over_;
     selected.clear();
     passed_over.clear();
     ++num_evict_calls_;  // stamps the chunks this call chooses
-    HeapEntry top;
+    OrderEntry top;
     while (int64_t(selected.size()) < n && pop_min(top)) {
       const auto found = chunks_.find(top.second);
       // stale: the chunk was pinned, re-ranked, dropped or already chosen
@@ -189,28 +187,25 @@ class LruPolicy : public TierPolicy {
       selected.push_back(top);
       found->second.chosen_in = num_evict_calls_;
     }
-    for (const HeapEntry& e : passed_over) heap_.push(e);
+    for (const OrderEntry& e : passed_over) order_.push_back_taken(e);
     if (int64_t(selected.size()) < n) {
-      for (const HeapEntry& e : selected) heap_.push(e);
+      for (const OrderEntry& e : selected) order_.push_back_taken(e);
       return false;
     }
-    for (const HeapEntry& e : selected) {
+    for (const OrderEntry& e : selected) {
       const auto found = chunks_.find(e.second);
       victims.emplace_back(e.second, found->second.chunk);
       remove_evictable(found->second);
       chunks_.erase(found);
     }
-    if (num_entries() > std::max<size_t>(64, 2 * num_evictable_)) {
+    if (order_.size() > std::max<size_t>(64, 2 * num_evictable_)) {
       // stale entries pile up as ranks change: rebuild from the live ones
-      std::vector<HeapEntry> live;
+      std::vector<OrderEntry> live;
       live.reserve(num_evictable_);
       chunks_.for_each([&](OffloadKey key, const Entry& e) {
         if (e.evictable()) live.emplace_back(e.rank, key);
       });
-      heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
-      fresh_.clear();
-      buckets_.clear();
-      num_in_buckets_ = 0;
+      order_.rebuild(std::move(live));
     }
     return true;
   }
@@ -223,7 +218,7 @@ class LruPolicy : public TierPolicy {
     uint32_t chosen_in = 0;     // the evict() call that chose it (a heap entry may repeat)
     bool evictable() const { return is_evictable; }
   };
-  using HeapEntry = std::pair<int64_t, OffloadKey>;  // (rank, key): the tuple's order
+  using OrderEntry = LruOrder::Entry;
 
   // vLLM's rank (major, -position) as one int of the same order (policies._rank)
   static int64_t rank(int64_t major, int64_t position) {
@@ -235,70 +230,28 @@ class LruPolicy : public TierPolicy {
   }
   void set_rank(OffloadKey key, Entry& e, int64_t r) {
     e.rank = r;
-    if (e.evictable()) push(r, key);
+    if (e.evictable()) order_.push(r, key);
   }
-  // set_rank to a new request rank's: larger than every rank given before, so its entry
-  // goes to the back of ``fresh_`` (kept in rank order) instead of into the heap. A chunk's
-  // re-rank when its request finishes is most of the pushes; the queue makes them O(1).
+  // set_rank to a new request rank's, larger than every rank given before
   void set_fresh_rank(OffloadKey key, Entry& e) {
     e.rank = rank(++next_rank_, 0);
-    if (e.evictable()) fresh_.emplace_back(e.rank, key);
+    if (e.evictable()) order_.push_fresh(e.rank, key);
   }
-  // An evictable chunk's entry of rank ``r``: onto the stack of its rank's request (its
-  // major) when that keeps the stack's smallest rank at its back (a request's chunks become
-  // evictable head first, so tail first is smallest first), else into the heap.
-  void push(int64_t r, OffloadKey key) {
-    std::vector<HeapEntry>& stack = buckets_[r >> 32];
-    if (stack.empty() || HeapEntry(r, key) < stack.back()) {
-      stack.emplace_back(r, key);
-      ++num_in_buckets_;
-    } else {
-      heap_.emplace(r, key);
-    }
-  }
-  static constexpr size_t kAhead = 4;  // how far ahead a walk over keys prefetches
-  size_t num_entries() const { return heap_.size() + fresh_.size() + num_in_buckets_; }
+  static constexpr size_t kAhead = 4;  // how far ahead the next victims are prefetched
 
-  // The smallest (rank, key) of the heap, the request stacks and ``fresh_`` together, taken
-  // out; false if all are empty. They pop in the order one heap holding all would: each
-  // gives its own smallest, and a stack of a smaller major holds only smaller ranks.
-  bool pop_min(HeapEntry& out) {
-    while (!buckets_.empty() && buckets_.begin()->second.empty()) buckets_.erase(buckets_.begin());
-    int source = -1;  // 0 heap, 1 stacks, 2 fresh
-    if (!heap_.empty()) {
-      source = 0;
-      out = heap_.top();
-    }
-    if (!buckets_.empty() && (source < 0 || buckets_.begin()->second.back() < out)) {
-      source = 1;
-      out = buckets_.begin()->second.back();
-    }
-    if (!fresh_.empty() && (source < 0 || fresh_.front() < out)) {
-      source = 2;
-      out = fresh_.front();
-    }
-    if (source == 0) {
-      heap_.pop();
-    } else if (source == 1) {
-      buckets_.begin()->second.pop_back();
-      --num_in_buckets_;
-    } else if (source == 2) {
-      fresh_.pop_front();
-      // the next victims usually come from the queue's head: their chunks, ahead
-      if (fresh_.size() > kAhead) chunks_.prefetch(fresh_[kAhead].second);
-    }
-    return source >= 0;
+  // The eviction order's smallest entry, taken out (LruOrder::pop_min), the chunks of the
+  // next few victims asked of the cache
+  bool pop_min(OrderEntry& out) {
+    if (!order_.pop_min(out)) return false;
+    OffloadKey next;
+    if (order_.fresh_ahead(kAhead, next)) chunks_.prefetch(next);
+    return true;
   }
 
  public:
   // The request of rank ``major`` finished: every chunk ranked under it was re-ranked
-  // fresh (on_request_finished), so its stack holds only stale entries; drop them at once.
-  void on_request_done(int64_t major) override {
-    const auto found = buckets_.find(major);
-    if (found == buckets_.end()) return;
-    num_in_buckets_ -= found->second.size();
-    buckets_.erase(found);
-  }
+  // fresh (on_request_finished), so its entries are stale.
+  void on_request_done(int64_t major) override { order_.drop(major); }
 
  private:
   // policies.py's _evictable set: a flag per chunk and a count (a rebuild of the eviction
@@ -313,13 +266,10 @@ class LruPolicy : public TierPolicy {
   }
 
   FlatKeyMap<Entry> chunks_;
-  std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
-  std::deque<HeapEntry> fresh_;  // entries of fresh ranks, in rank order
-  std::map<int64_t, std::vector<HeapEntry>> buckets_;  // by major: stacks, smallest at back
-  size_t num_in_buckets_ = 0;
+  LruOrder order_;
   int64_t next_rank_ = 0;
   size_t num_evictable_ = 0;
-  std::vector<HeapEntry> selected_, passed_over_;  // evict()'s
+  std::vector<OrderEntry> selected_, passed_over_;  // evict()'s
   uint32_t num_evict_calls_ = 0;  // wraps: a stamp 2^32 calls old is never compared
 };
 
