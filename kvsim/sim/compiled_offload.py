@@ -137,7 +137,7 @@ class CompiledOffloadSimulation(CompiledV1Simulation):
             key_ends,
             block_ends,
         ):
-            job = TransferJob(job_id, seq_id, bool(is_store), keys[k0:k1], blocks[b0:b1])  # type: ignore[arg-type]
+            job = TransferJob(job_id, seq_id, bool(is_store), keys[k0:k1], blocks[b0:b1])
             done = None if completed != completed else completed  # NaN: still in flight
             jobs.append(JobTiming(job, nbytes, submitted, done))
             k0, b0 = k1, b1

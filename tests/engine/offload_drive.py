@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from offload_replay import CoreScheduler
+
 from engine import BlockManager, SamplingParams, SchedulerConfig, Sequence
 from engine.offload.connector import OffloadConfig
 from engine.offload.cpu_manager import make_cpu_tier
@@ -14,7 +16,6 @@ from engine.offload.transfer import make_transfer_link
 from engine.offload.worker import OffloadWorker
 from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.scheduler import V1Scheduler
-from offload_replay import CoreScheduler
 
 BASE_S, PER_TOKEN_S = 0.005, 1e-5
 

@@ -10,8 +10,6 @@ done and preemptions, and after each step the tier's size, evictions and content
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

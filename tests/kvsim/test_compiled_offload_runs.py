@@ -34,7 +34,9 @@ MODEL = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
 TOKEN_GIB = 128 / 1024**2  # llama-3.1-8b's KV of one token: 128 KiB
 
 
-def run_both(config: RunConfig, monkeypatch: pytest.MonkeyPatch, folders: Path | None = None) -> Any:
+def run_both(
+    config: RunConfig, monkeypatch: pytest.MonkeyPatch, folders: Path | None = None
+) -> Any:
     """Run ``config`` on both paths and compare every table and the summary; with
     ``folders``, also the run folders' files byte for byte. Returns the compiled result, or
     None when both paths fail (the readable path is the specification, its failures
@@ -192,15 +194,12 @@ def test_the_mooncake_slice_folder_is_the_python_ones(
 
 
 def test_disk_tiers_stay_on_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    trace = write_trace(
-        tmp_path / "t.jsonl",
-        [
-            {"request_id": f"r{i}", "arrival_time_s": i * 0.5, "prompt_tokens": 64,
-             "output_tokens": 2, "hash_ids": [1, 2, 3, 4]}
-            for i in range(3)
-        ],  # fmt: skip
-        16,
-    )
+    rows = [
+        {"request_id": f"r{i}", "arrival_time_s": i * 0.5, "prompt_tokens": 64,
+         "output_tokens": 2, "hash_ids": [1, 2, 3, 4]}
+        for i in range(3)
+    ]  # fmt: skip
+    trace = write_trace(tmp_path / "t.jsonl", rows, 16)
     used: list[bool] = []
     monkeypatch.setattr(CompiledOffloadSimulation, "run", lambda *a, **k: used.append(True))
     config = RunConfig(
