@@ -16,7 +16,7 @@ _PRICE_SCALARS = (
 # SequenceStatus values (engine/core/sequence.py), by the C++ SeqStatus code
 STATUS_VALUES = (
     "waiting", "running", "finished_stopped", "finished_length", "finished_aborted",
-    "finished_rejected",
+    "finished_rejected", "waiting_for_kv",
 )
 # What V1Core.schedule() returns, in order: BatchShape's eight counts (kvsim/costmodel), then
 # the step kind (StepKind's value), its prefill tokens, and how many it preempted and rejected.

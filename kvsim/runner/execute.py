@@ -29,6 +29,7 @@ from kvsim.costmodel import (
 )
 from kvsim.sim.allocators import build_allocator
 from kvsim.sim.compiled_classic import compiled_simulation_class
+from kvsim.sim.compiled_offload import CompiledOffloadSimulation, compiled_offload_applies
 from kvsim.sim.compiled_v1 import CompiledV1Simulation
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.engine_mode import (
@@ -299,6 +300,8 @@ def simulate(
         )  # fmt: skip
         if offload is None:  # the v1 or the classic core (kvsim/sim/compiled_classic.py)
             compiled_class = compiled_simulation_class(scheduler, executor, config.fast_decode)
+        elif compiled_offload_applies(scheduler, executor, config.fast_decode, offload):
+            compiled_class = CompiledOffloadSimulation  # kvsim/sim/compiled_offload.py
     compiled = compiled_class is not None
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():
@@ -363,7 +366,9 @@ def simulate(
         if compiled
         else {"prompt_tokens_of": prompt_tokens_of, "prefix_of": prefix_of}
     )
-    if offload is not None:
+    if offload is not None and compiled:
+        options["offload"] = offload
+    elif offload is not None:
         options["offload_worker"] = offload.worker()
     sim = (compiled_class or Simulation)(
         trace.requests,

@@ -110,7 +110,7 @@ class CompiledV1Simulation(Simulation):
         self._on_residency = on_residency
         self._key_source = key_source
         self._core_steps: dict[str, np.ndarray] | None = None  # _before_flush takes them
-        self.core.start_loop(step_prices(executor, scheduler.config))
+        self._start_core(step_prices(executor, scheduler.config))
 
     def _make_core(
         self,
@@ -123,7 +123,7 @@ class CompiledV1Simulation(Simulation):
         """The compiled scheduler this simulation steps (a subclass's own: CompiledClassic-
         Simulation's ClassicCore)."""
         bm = scheduler.block_manager
-        return core_module.V1Core.from_config(
+        return getattr(core_module, self.core_class).from_config(
             scheduler.config,
             bm.num_blocks,
             bm.block_size,
@@ -135,6 +135,14 @@ class CompiledV1Simulation(Simulation):
             residency_seed=residency_sample[1],
             track_usage=track_usage,
         )
+
+    # The core's class in engine.compiled._core (a subclass may take another: offload's
+    # OffloadV1Core; CompiledClassicSimulation makes its ClassicCore in its own _make_core).
+    core_class = "V1Core"
+
+    def _start_core(self, prices: dict[str, Any]) -> None:
+        """Start the core's engine loop with the step ``prices`` (before any request)."""
+        self.core.start_loop(prices)
 
     # Whether ``run`` may replay an open-loop trace without simpy (kvsim/sim/inline_clock.py);
     # False makes it take simpy's path always (tests compare the two).

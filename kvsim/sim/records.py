@@ -57,7 +57,9 @@ class OffloadRecords:
     tier_capacity_chunks: int
     blocks_per_chunk: int
     bytes_per_block: int  # KV bytes of one GPU block
-    jobs: list[JobTiming]  # every job submitted, in submission order
+    # every job submitted, in submission order (a compiled run's job keys and GPU block ids
+    # are read-only numpy arrays, kvsim/sim/compiled_offload.py, the Python path's tuples)
+    jobs: list[JobTiming]
     step_tier_chunks: np.ndarray  # chunks the tier held as each step was scheduled
     step_tier_evictions: np.ndarray  # chunks evicted from the tier by then (cumulative)
     # load job id -> seconds a lone prefill of its tokens would take instead (the run's model)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from offload_replay import CoreScheduler
+
 from engine import BlockManager, SamplingParams, SchedulerConfig, Sequence
 from engine.offload.connector import OffloadConfig
 from engine.offload.cpu_manager import make_cpu_tier
@@ -62,11 +64,13 @@ def drive(
     max_steps: int = 20_000,
     compiled: bool | None = None,
     record_tier: bool = False,
+    core: bool = False,
 ) -> Drive:
     """Replay ``requests`` ((prompt, output tokens, arrival s) each, in arrival order) with a
     tier of ``num_chunks`` chunks (None: no offloading). ``compiled``: the CPU tier's and
     the link's implementation (make_cpu_tier's and make_transfer_link's: None = compiled
-    when built)."""
+    when built); ``core``: the compiled offloading scheduler and connector themselves
+    (OffloadV1Core, through offload_replay.CoreScheduler), the worker on the compiled link."""
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, scheduler="v1"
@@ -76,6 +80,9 @@ def drive(
     worker = None
     if offload is None:
         sched = V1Scheduler(config, bm)
+    elif core:
+        sched = CoreScheduler(config, bm, offload)  # type: ignore[assignment]
+        worker = OffloadWorker(make_transfer_link(bandwidth, bandwidth, latency_s), bytes_per_block)
     else:
         sched = OffloadingV1Scheduler(config, bm, offload=offload)
         sched.connector.manager = make_cpu_tier(offload.num_chunks, policy, compiled=compiled)
@@ -122,12 +129,12 @@ def drive(
         else:
             now += BASE_S + PER_TOKEN_S * out.num_batched_tokens
             sched.update(out, [7] * len(out.seqs), *extra)
-        if check:
+        if check and not core:
             bm.check_invariants()
             if isinstance(sched, OffloadingV1Scheduler):
                 manager = sched.connector.manager
                 assert 0 <= manager.num_held <= manager.num_chunks
-        if record_tier and isinstance(sched, OffloadingV1Scheduler):
+        if record_tier and offload is not None:
             manager = sched.connector.manager
             result.tier.append((manager.num_held, manager.num_evicted, sorted(manager.held_keys())))
     else:

@@ -16,12 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from offload_golden import GOLDEN, Chunk, OffloadGolden, load_offload_golden
-from v1_replay import SAMPLED, golden_scheduler_config, load_trace, make_sequence
+from v1_replay import (
+    SAMPLED,
+    CompiledBackend,
+    golden_scheduler_config,
+    load_trace,
+    make_sequence,
+)
 
 from engine import BlockManager
+from engine.core.scheduler_output import TransferJob
 from engine.core.sequence import Sequence
 from engine.offload.connector import OffloadConfig
 from engine.offload.cpu_manager import make_cpu_tier
@@ -36,7 +44,7 @@ from engine.v1.prefix_cache import ensure_block_hashes
 class OffloadReplay:
     steps_compared: int
     differences: list[str]
-    scheduler: OffloadingV1Scheduler
+    scheduler: Any  # OffloadingV1Scheduler, or CoreScheduler
 
 
 def _chunk_names(rows: list[dict[str, Any]], block_size: int, bpc: int) -> dict[int, Chunk]:
@@ -54,8 +62,88 @@ def _chunk_names(rows: list[dict[str, Any]], block_size: int, bpc: int) -> dict[
 
 # What each backend replays with: the readable CPUOffloadManager and TransferLink, or the
 # compiled CpuTier (csrc/offload_tier.hpp) and CompiledTransferLink (csrc/transfer_link.hpp)
-# behind the same connector, worker and scheduler.
-BACKENDS = ("python", "compiled-parts")
+# behind the same connector, worker and scheduler, or the compiled offloading scheduler and
+# connector themselves (OffloadV1Core: csrc/v1_offload_passes.hpp, offload_connector.hpp;
+# the worker on kvsim's own clock stays the Python one over the compiled link).
+BACKENDS = ("python", "compiled-parts", "compiled-core")
+
+
+class _Seq:
+    """What the replay reads of a request the compiled core schedules."""
+
+    def __init__(self, core: Any, seq_id: int) -> None:
+        self.seq_id = seq_id
+        hits = core.offload_hits(seq_id)  # read when the step is decided
+        self.prefix_hit_tokens, self.offload_hit_tokens, self.cached_token_count = hits or (0, 0, 0)
+
+
+class CoreScheduler:
+    """OffloadV1Core (engine/compiled) behind the few calls the replay makes of an
+    OffloadingV1Scheduler: schedule() and update() give objects with the same fields."""
+
+    def __init__(self, config: Any, bm: BlockManager, offload: OffloadConfig) -> None:
+        import engine.compiled
+
+        core_module = engine.compiled.load()
+        assert core_module is not None
+        self.core = core_module.OffloadV1Core.from_config(
+            config, bm.num_blocks, bm.block_size, bm.enable_prefix_caching,
+            watermark=bm.watermark, token=SAMPLED,
+        )  # fmt: skip
+        self.core.enable_offload(offload.num_chunks, offload.blocks_per_chunk, offload.policy)
+        self.connector = SimpleNamespace(
+            manager=self, has_job=self.core.has_job, tiering=None
+        )  # the tier's and connector's queries, answered here
+
+    @property
+    def num_held(self) -> int:
+        return int(self.core.tier_num_held)
+
+    @property
+    def num_evicted(self) -> int:
+        return int(self.core.tier_num_evicted)
+
+    def held_keys(self) -> list[int]:
+        return list(self.core.tier_held_keys())
+
+    def has_unfinished(self) -> bool:
+        return bool(self.core.has_unfinished())
+
+    def add_request(self, seq: Sequence) -> None:
+        """A token-id request (as offload_drive makes them), arriving now."""
+        self.core.set_time(seq.arrival_time)
+        max_tokens = seq.sampling_params.max_tokens
+        self.core.add_token_request(
+            seq.seq_id, list(seq.prompt_token_ids), max_tokens, seq.arrival_time
+        )
+
+    def add_row(self, row: dict[str, Any]) -> None:
+        """A trace row, as make_sequence reads it (v1_replay.CompiledBackend.add's rules)."""
+        CompiledBackend.add(self, row)  # type: ignore[arg-type]  # it reads .core only
+
+    def schedule(self) -> SimpleNamespace:
+        core = self.core
+        step = core.schedule()
+        ids, tokens = core.scheduled()
+        meta = core.offload_meta()
+        return SimpleNamespace(
+            seqs=[_Seq(core, i) for i in ids],
+            num_new_tokens=tokens,
+            num_batched_tokens=step[1],
+            is_empty=not ids,
+            rejected=core.rejected(),
+            preempted=[SimpleNamespace(seq_id=i) for i in core.preempted()],
+            admitted=[_Seq(core, i) for i, _hits in core.admitted()],
+            connector_meta=SimpleNamespace(
+                load_jobs=[TransferJob(*j) for j in meta["load_jobs"]],
+                store_jobs=[TransferJob(*j) for j in meta["store_jobs"]],
+                jobs_to_flush=meta["jobs_to_flush"],
+                evicted_keys=meta["evicted_keys"],
+            ),
+        )
+
+    def update(self, out: Any, sampled: list[int], completed: list[int]) -> list[Any]:
+        return [SimpleNamespace(seq_id=f[0]) for f in self.core.update_offload(completed)]
 
 
 def replay_offload(
@@ -74,17 +162,20 @@ def replay_offload(
         watermark=float(config["scheduler_config"]["watermark"]),
         enable_prefix_caching=cc["enable_prefix_caching"],
     )
-    sched = OffloadingV1Scheduler(
-        golden_scheduler_config(config),
-        bm,
-        offload=OffloadConfig(
-            oc["num_cpu_chunks"], bpc, oc["eviction_policy"], secondary_tiers=_disk_tiers(oc)
-        ),
+    offload = OffloadConfig(
+        oc["num_cpu_chunks"], bpc, oc["eviction_policy"], secondary_tiers=_disk_tiers(oc)
     )
+    sched: Any
+    if backend == "compiled-core":
+        if offload.secondary_tiers:
+            raise ValueError("the compiled core has no secondary tiers (they run on Python)")
+        sched = CoreScheduler(golden_scheduler_config(config), bm, offload)
+    else:
+        sched = OffloadingV1Scheduler(golden_scheduler_config(config), bm, offload=offload)
     tiering = sched.connector.tiering
     if tiering is not None:
         tiering.log = []
-    else:  # with secondary tiers the CPU tier stays the Python one (engine/offload/connector.py)
+    elif backend != "compiled-core":  # with secondary tiers the CPU tier stays the Python one
         sched.connector.manager = make_cpu_tier(
             oc["num_cpu_chunks"], oc["eviction_policy"], compiled=backend == "compiled-parts"
         )
@@ -110,7 +201,7 @@ def replay_offload(
             oc["read_bytes_per_s"],
             oc["write_bytes_per_s"],
             oc["link_latency_s"],
-            compiled=backend == "compiled-parts",
+            compiled=backend != "python",
         ),
         oc["kv_bytes_per_block"],
     )
@@ -133,7 +224,10 @@ def replay_offload(
             row = rows[seq_of[name]]
             seq = make_sequence({**row, "request_id": seq_of[name]}, bs)
             seqs[name] = seq
-            sched.add_request(seq)
+            if backend == "compiled-core":
+                sched.add_row({**row, "request_id": seq_of[name]})
+            else:
+                sched.add_request(seq)
         if tiering is not None:  # the disk tier's clock: the schedule() time
             tiering.now = now if own_clock else gs.raw["disk_clock"][0]
         out = sched.schedule()
@@ -175,7 +269,12 @@ def replay_offload(
         differ(n, "load jobs", jobs(meta.load_jobs), want_loads)
         differ(n, "store jobs", jobs(meta.store_jobs), want_stores)
         differ(n, "jobs to flush", sorted(meta.jobs_to_flush), sorted(gs.jobs_to_flush))
-        loading = {name_of[j.seq_id]: seqs[name_of[j.seq_id]] for j in meta.load_jobs}
+        loading = {
+            name_of[j.seq_id]: seqs[name_of[j.seq_id]]
+            if backend != "compiled-core"
+            else _Seq(sched.core, j.seq_id)
+            for j in meta.load_jobs
+        }
         differ(
             n,
             "loads (local hit, loaded tokens)",

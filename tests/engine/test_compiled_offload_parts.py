@@ -1,5 +1,6 @@
 """The offloading scheduler on the compiled CPU tier and transfer link (engine/compiled:
-CpuTier, CompiledTransferLink) against the same scheduler on the readable ones
+CpuTier, CompiledTransferLink), and the compiled offloading scheduler and connector
+themselves (OffloadV1Core), against the readable scheduler on the readable tier and link
 (CPUOffloadManager, TransferLink), driven as the simulator drives it (offload_drive.py):
 random traces with shared prefixes, block sizes 1 to 8, GPU pools small enough to evict
 and preempt, tiers of 0 to 24 chunks of 1 to 3 blocks, LRU and ARC, slow and fast links
@@ -8,8 +9,6 @@ their GPU and tier hits, load and store jobs (chunk keys), flushes, the transfer
 done and preemptions, and after each step the tier's size, evictions and contents."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -51,26 +50,26 @@ def test_compiled_tier_and_link_make_the_same_decisions(
     for i, (p, own, out, gap) in enumerate(requests):
         t += gap
         rows.append((prefixes[p] + [10_000 + 100 * i + j for j in range(own)], out, t))
-    runs: dict[bool, Any] = {}
-    for compiled in (True, False):
-        runs[compiled] = drive(
-            rows,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            num_chunks=num_chunks,
-            blocks_per_chunk=blocks_per_chunk,
-            policy=policy,
-            bandwidth=bandwidth,
-            latency_s=latency_s,
-            max_num_batched_tokens=32,
-            compiled=compiled,
-            record_tier=True,
-        )
-    cc, py = runs[True], runs[False]
-    assert type(cc.sched.connector.manager).__name__ == "CpuTier"
+    setup = dict(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_chunks=num_chunks,
+        blocks_per_chunk=blocks_per_chunk,
+        policy=policy,
+        bandwidth=bandwidth,
+        latency_s=latency_s,
+        max_num_batched_tokens=32,
+        record_tier=True,
+    )
+    py = drive(rows, compiled=False, **setup)  # type: ignore[arg-type]
     assert type(py.sched.connector.manager).__name__ == "CPUOffloadManager"
-    assert len(cc.steps) == len(py.steps)
-    for k, (a, b) in enumerate(zip(cc.steps, py.steps)):
-        assert a == b, f"step {k}"
-        assert cc.tier[k] == py.tier[k], f"step {k}: tier"
-    assert cc.end_s == py.end_s
+    parts = drive(rows, compiled=True, **setup)  # type: ignore[arg-type]
+    assert type(parts.sched.connector.manager).__name__ == "CpuTier"
+    # the offloading scheduler and connector themselves compiled (OffloadV1Core)
+    core = drive(rows, core=True, **setup)  # type: ignore[arg-type]
+    for cc in (parts, core):
+        assert len(cc.steps) == len(py.steps)
+        for k, (a, b) in enumerate(zip(cc.steps, py.steps)):
+            assert a == b, f"step {k}"
+            assert cc.tier[k] == py.tier[k], f"step {k}: tier"
+        assert cc.end_s == py.end_s

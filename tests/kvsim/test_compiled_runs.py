@@ -183,9 +183,14 @@ def test_offload_runs_on_the_compiled_tier_match_python(
 ) -> None:
     # A 16 GiB CPU tier (2,048 chunks) behind 1,000 GPU blocks: 20,673 tier evictions, 12
     # loads, long prompts rejected.
-    # The compiled path here is the compiled CPU tier (CpuTier) under the Python scheduler.
+    # The compiled path here is the compiled CPU tier (CpuTier) under the Python scheduler,
+    # as runs with secondary tiers take it (the compiled offloading scheduler is held to
+    # Python by tests/kvsim/test_compiled_offload_runs.py).
     import engine.offload.connector as connector_module
+    import kvsim.runner.execute as execute_module
     from engine.offload.cpu_manager import make_cpu_tier
+
+    monkeypatch.setattr(execute_module, "compiled_offload_applies", lambda *args: False)
 
     tiers: list[str] = []
 

@@ -124,6 +124,14 @@ class BlockPool {
 
   // --- per request ------------------------------------------------------------------------
 
+  // ``r``'s chained keys of its first ``num_blocks`` blocks (ensure_block_hashes), made now
+  // if needed; the offloading connector names its chunks by them.
+  const std::vector<int64_t>& block_keys(int32_t r, int32_t num_blocks) {
+    RequestBlocks& q = request(r);
+    q.source.extend_keys(q.keys, num_blocks, block_size_);
+    return q.keys;
+  }
+
   // The blocks of ``r``'s longest cached prefix, at most num_tokens - 1 tokens (the last
   // token is always recomputed, for its logits); nothing without caching.
   void find_cached_prefix(int32_t r, std::vector<int32_t>& hits) {
@@ -149,13 +157,18 @@ class BlockPool {
   // tokens fill. An admission passes ``full_sequence_tokens`` > 0: it then fails unless
   // blocks for that many tokens fit too. ``max_model_len`` < 0: no limit. Returns false (and
   // changes nothing) when the free blocks less ``watermark_blocks`` do not suffice.
+  // With a KV connector (engine/v1/offloading_scheduler.py): ``external_tokens`` a load
+  // will bring count as computed, the new blocks must leave ``reserved_blocks`` free, and
+  // ``cache`` false leaves the blocks uncached (a load's are cached when it completes).
   bool allocate_slots(int32_t r, int32_t num_computed_tokens, int32_t num_new_tokens,
                       const int32_t* hits, int32_t num_hits, int32_t full_sequence_tokens,
-                      int32_t watermark_blocks, int32_t max_model_len) {
+                      int32_t watermark_blocks, int32_t max_model_len,
+                      int32_t external_tokens = 0, int32_t reserved_blocks = 0,
+                      bool cache = true) {
     RequestBlocks& q = request(r);
     const int32_t bs = block_size_;
     const int32_t held = num_hits + int32_t(q.table.size());
-    int32_t total_computed = num_computed_tokens + num_hits * bs;
+    int32_t total_computed = num_computed_tokens + num_hits * bs + external_tokens;
     if (max_model_len >= 0 && total_computed > max_model_len) total_computed = max_model_len;
     int32_t evictable = 0;  // hits on free cached blocks: they leave the free count
     for (int32_t i = 0; i < num_hits; ++i) evictable += blocks_[size_t(hits[i])].ref == 0;
@@ -167,7 +180,7 @@ class BlockPool {
     int32_t num_slots = total_computed + num_new_tokens;
     if (max_model_len >= 0 && num_slots > max_model_len) num_slots = max_model_len;
     const int32_t num_new_blocks = ceil_blocks(num_slots) - held;
-    if (std::max(num_new_blocks, 0) + evictable > available) return false;
+    if (std::max(num_new_blocks, 0) + evictable > available - reserved_blocks) return false;
     if (num_hits) {
       touch(q, hits, num_hits);
       q.table.insert(q.table.end(), hits, hits + num_hits);
@@ -200,7 +213,7 @@ class BlockPool {
     } else if (full_sequence_tokens && record_events) {
       events.record(kAllocate, q.seq_id, num_free_blocks(), nullptr, 0, num_slots);
     }
-    if (caching_) {
+    if (caching_ && cache) {
       int32_t num_cacheable = total_computed + num_new_tokens;
       if (num_cacheable > q.source.num_tokens()) num_cacheable = q.source.num_tokens();
       cache_blocks(r, num_cacheable);

@@ -33,7 +33,11 @@ enum EventKind : int8_t {
   kCache = 12,
   kEvict = 13,
   kCacheReset = 14,
-  // 15-18: KV offload transfers (engine/offload, Python only)
+  // KV offload transfers (engine/offload; v1_offload_passes.hpp)
+  kOffloadLoad = 15,
+  kOffloadStore = 16,
+  kOffloadLoadDone = 17,
+  kOffloadStoreDone = 18,
   kFirstToken = 19,
 };
 constexpr int32_t kNoSeq = -1;  // seq_id of events about no sequence (EVICT, STEP, ...)

@@ -10,17 +10,17 @@
 #include <cstdint>
 #include <functional>
 #include <list>
-#include <queue>
 #include <stdexcept>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "flat_keys.hpp"
+#include "lru_order.hpp"
 
 namespace kvsim {
 
 using OffloadKey = int64_t;
-using KeySet = std::unordered_set<OffloadKey>;
+using KeySet = FlatKeySet;
 
 // ChunkStatus: ``ref_cnt`` -1 = store in flight, 0 = ready and evictable, > 0 = pinned.
 struct TierChunk {
@@ -31,7 +31,7 @@ struct TierChunk {
 
 // RequestContext: what the tier remembers about one request.
 struct TierRequest {
-  std::unordered_map<OffloadKey, int64_t> positions;  // key -> tokens up to its chunk's end
+  FlatKeyMap<int64_t> positions;  // key -> tokens up to its chunk's end
   int64_t lru_rank = -1;                              // -1: none yet
   std::vector<OffloadKey> seen_order;
   KeySet seen, inserted, reused, store_misses;
@@ -67,7 +67,7 @@ class OrderedKeys {
 
  private:
   std::list<OffloadKey> order_;
-  std::unordered_map<OffloadKey, std::list<OffloadKey>::iterator> pos_;
+  FlatKeyMap<std::list<OffloadKey>::iterator> pos_;
 };
 
 // CachePolicy: the interface both policies implement.
@@ -76,6 +76,7 @@ class TierPolicy {
   explicit TierPolicy(int64_t capacity) : capacity_(capacity) {}
   virtual ~TierPolicy() = default;
   virtual TierChunk* get(OffloadKey key) = 0;
+  virtual void prefetch(OffloadKey key) const = 0;  // get(key) comes soon
   virtual void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) = 0;
   // Remove exactly ``n`` evictable chunks not in ``protect`` into ``victims`` (key, chunk);
   // false, changing nothing, if there are fewer.
@@ -86,6 +87,10 @@ class TierPolicy {
   virtual void on_request_access(const std::vector<OffloadKey>&, TierRequest&) {}
   virtual void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet& insertion_only,
                                    const KeySet& reused) = 0;
+  // After on_request_finished, the request's rank (LRU's major; -1: it had none).
+  virtual void on_request_done(int64_t) {}
+  // Whether on_request_finished reads its two sets (ARC); LRU gets them empty.
+  virtual bool reads_access_sets() const { return true; }
   virtual void mark_evictable(OffloadKey) {}
   virtual void mark_non_evictable(OffloadKey) {}
   virtual double target_t1_size() const { return 0.0; }
@@ -94,8 +99,8 @@ class TierPolicy {
   int64_t capacity_;
 };
 
-// LRUPolicy: ranks packed as policies.py's _rank, a heap of evictable chunks with stale
-// entries skipped.
+// LRUPolicy: ranks packed as policies.py's _rank, the evictable chunks in an LruOrder
+// (lru_order.hpp) with stale entries skipped.
 class LruPolicy : public TierPolicy {
  public:
   using TierPolicy::TierPolicy;
@@ -104,15 +109,16 @@ class LruPolicy : public TierPolicy {
     const auto found = chunks_.find(key);
     return found == chunks_.end() ? nullptr : &found->second.chunk;
   }
+  void prefetch(OffloadKey key) const override { chunks_.prefetch(key); }
 
   void held_keys(std::vector<OffloadKey>& out) const override {
-    for (const auto& kv : chunks_) out.push_back(kv.first);
+    chunks_.for_each([&](OffloadKey key, const Entry&) { out.push_back(key); });
   }
 
   void insert(OffloadKey key, TierChunk chunk, TierRequest& ctx) override {
     Entry& e = chunks_[key];
     e.chunk = chunk;
-    e.evictable_at = -1;
+    e.is_evictable = false;
     const auto position = ctx.positions.find(key);
     if (position == ctx.positions.end()) {
       e.rank = rank(++next_rank_, 0);
@@ -121,7 +127,7 @@ class LruPolicy : public TierPolicy {
     }
     if (chunk.ref_cnt == 0) {
       add_evictable(key, e);
-      heap_.emplace(e.rank, key);
+      order_.push(e.rank, key);
     }
   }
 
@@ -137,18 +143,20 @@ class LruPolicy : public TierPolicy {
     }
   }
 
+  bool reads_access_sets() const override { return false; }
+
   void on_request_finished(const std::vector<OffloadKey>& keys, const KeySet&,
                            const KeySet&) override {
     for (auto it = keys.rbegin(); it != keys.rend(); ++it) {  // tail first
       const auto found = chunks_.find(*it);
-      if (found != chunks_.end()) set_rank(*it, found->second, rank(++next_rank_, 0));
+      if (found != chunks_.end()) set_fresh_rank(*it, found->second);
     }
   }
 
   void mark_evictable(OffloadKey key) override {
     Entry& e = chunks_.at(key);
     add_evictable(key, e);
-    heap_.emplace(e.rank, key);
+    order_.push(e.rank, key);
   }
 
   void mark_non_evictable(OffloadKey key) override {
@@ -160,40 +168,44 @@ class LruPolicy : public TierPolicy {
   bool evict(int64_t n, const KeySet& protect,
              std::vector<std::pair<OffloadKey, TierChunk>>& victims) override {
     if (n == 0) return true;
-    std::vector<HeapEntry> selected, passed_over;
-    KeySet selected_keys;
-    while (!heap_.empty() && int64_t(selected.size()) < n) {
-      const HeapEntry top = heap_.top();
-      heap_.pop();
+    std::vector<OrderEntry>& selected = selected_;
+    std::vector<OrderEntry>& passed_over = passed_over_;
+    selected.clear();
+    passed_over.clear();
+    ++num_evict_calls_;  // stamps the chunks this call chooses
+    OrderEntry top;
+    while (int64_t(selected.size()) < n && pop_min(top)) {
       const auto found = chunks_.find(top.second);
       // stale: the chunk was pinned, re-ranked, dropped or already chosen
       if (found == chunks_.end() || !found->second.evictable() || found->second.rank != top.first ||
-          selected_keys.count(top.second))
+          found->second.chosen_in == num_evict_calls_)
         continue;
       if (protect.count(top.second)) {
         passed_over.push_back(top);
         continue;
       }
       selected.push_back(top);
-      selected_keys.insert(top.second);
+      found->second.chosen_in = num_evict_calls_;
     }
-    for (const HeapEntry& e : passed_over) heap_.push(e);
+    for (const OrderEntry& e : passed_over) order_.push_back_taken(e);
     if (int64_t(selected.size()) < n) {
-      for (const HeapEntry& e : selected) heap_.push(e);
+      for (const OrderEntry& e : selected) order_.push_back_taken(e);
       return false;
     }
-    for (const HeapEntry& e : selected) {
+    for (const OrderEntry& e : selected) {
       const auto found = chunks_.find(e.second);
       victims.emplace_back(e.second, found->second.chunk);
       remove_evictable(found->second);
       chunks_.erase(found);
     }
-    if (heap_.size() > std::max<size_t>(64, 2 * evictable_.size())) {
+    if (order_.size() > std::max<size_t>(64, 2 * num_evictable_)) {
       // stale entries pile up as ranks change: rebuild from the live ones
-      std::vector<HeapEntry> live;
-      live.reserve(evictable_.size());
-      for (const OffloadKey key : evictable_) live.emplace_back(chunks_.at(key).rank, key);
-      heap_ = decltype(heap_)(std::greater<HeapEntry>(), std::move(live));
+      std::vector<OrderEntry> live;
+      live.reserve(num_evictable_);
+      chunks_.for_each([&](OffloadKey key, const Entry& e) {
+        if (e.evictable()) live.emplace_back(e.rank, key);
+      });
+      order_.rebuild(std::move(live));
     }
     return true;
   }
@@ -202,10 +214,11 @@ class LruPolicy : public TierPolicy {
   struct Entry {
     TierChunk chunk;
     int64_t rank = 0;
-    int64_t evictable_at = -1;  // its index in evictable_, -1 when not evictable
-    bool evictable() const { return evictable_at >= 0; }
+    bool is_evictable = false;
+    uint32_t chosen_in = 0;     // the evict() call that chose it (a heap entry may repeat)
+    bool evictable() const { return is_evictable; }
   };
-  using HeapEntry = std::pair<int64_t, OffloadKey>;  // (rank, key): the tuple's order
+  using OrderEntry = LruOrder::Entry;
 
   // vLLM's rank (major, -position) as one int of the same order (policies._rank)
   static int64_t rank(int64_t major, int64_t position) {
@@ -217,25 +230,47 @@ class LruPolicy : public TierPolicy {
   }
   void set_rank(OffloadKey key, Entry& e, int64_t r) {
     e.rank = r;
-    if (e.evictable()) heap_.emplace(r, key);
+    if (e.evictable()) order_.push(r, key);
   }
-  // policies.py's _evictable set: a vector with swap-removal (the heap is rebuilt from it)
-  void add_evictable(OffloadKey key, Entry& e) {
-    e.evictable_at = int64_t(evictable_.size());
-    evictable_.push_back(key);
+  // set_rank to a new request rank's, larger than every rank given before
+  void set_fresh_rank(OffloadKey key, Entry& e) {
+    e.rank = rank(++next_rank_, 0);
+    if (e.evictable()) order_.push_fresh(e.rank, key);
   }
-  void remove_evictable(Entry& e) {
-    const OffloadKey last = evictable_.back();
-    evictable_[size_t(e.evictable_at)] = last;
-    chunks_.at(last).evictable_at = e.evictable_at;
-    evictable_.pop_back();
-    e.evictable_at = -1;
+  static constexpr size_t kAhead = 4;  // how far ahead the next victims are prefetched
+
+  // The eviction order's smallest entry, taken out (LruOrder::pop_min), the chunks of the
+  // next few victims asked of the cache
+  bool pop_min(OrderEntry& out) {
+    if (!order_.pop_min(out)) return false;
+    OffloadKey next;
+    if (order_.fresh_ahead(kAhead, next)) chunks_.prefetch(next);
+    return true;
   }
 
-  std::unordered_map<OffloadKey, Entry> chunks_;
-  std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>> heap_;
+ public:
+  // The request of rank ``major`` finished: every chunk ranked under it was re-ranked
+  // fresh (on_request_finished), so its entries are stale.
+  void on_request_done(int64_t major) override { order_.drop(major); }
+
+ private:
+  // policies.py's _evictable set: a flag per chunk and a count (a rebuild of the eviction
+  // order walks the chunk map: no second lookup per eviction to keep a list dense)
+  void add_evictable(OffloadKey, Entry& e) {
+    e.is_evictable = true;
+    ++num_evictable_;
+  }
+  void remove_evictable(Entry& e) {
+    e.is_evictable = false;
+    --num_evictable_;
+  }
+
+  FlatKeyMap<Entry> chunks_;
+  LruOrder order_;
   int64_t next_rank_ = 0;
-  std::vector<OffloadKey> evictable_;
+  size_t num_evictable_ = 0;
+  std::vector<OrderEntry> selected_, passed_over_;  // evict()'s
+  uint32_t num_evict_calls_ = 0;  // wraps: a stamp 2^32 calls old is never compared
 };
 
 // ARCPolicy: T1 (seen once) and T2 (reused), ghost lists B1 and B2, an adaptive target.
@@ -247,6 +282,7 @@ class ArcPolicy : public TierPolicy {
     const auto found = chunks_.find(key);
     return found == chunks_.end() ? nullptr : &found->second;
   }
+  void prefetch(OffloadKey key) const override { chunks_.prefetch(key); }
 
   void held_keys(std::vector<OffloadKey>& out) const override {
     out.insert(out.end(), t1_.begin(), t1_.end());
@@ -353,7 +389,7 @@ class ArcPolicy : public TierPolicy {
     }
   }
 
-  std::unordered_map<OffloadKey, TierChunk> chunks_;  // T1's and T2's chunks
+  FlatKeyMap<TierChunk> chunks_;  // T1's and T2's chunks
   OrderedKeys t1_, t2_, b1_, b2_;
   double target_ = 0.0;
 };

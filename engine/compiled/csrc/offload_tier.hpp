@@ -47,10 +47,20 @@ class CpuTier {
   // ctx.positions[keys[i]] = first + i * step (the connector's _update_offload_keys)
   void add_positions(int64_t req, const OffloadKey* keys, size_t n, int64_t first, int64_t step) {
     TierRequest& ctx = requests_[req];
+    // The request's sets hold at most its chunks: room for them now, not by doublings
+    // (a long prompt's first lookup brings all its chunks at once)
+    const size_t expected = ctx.positions.size() + n;
+    ctx.positions.reserve(expected);
+    ctx.seen.reserve(expected);
+    ctx.inserted.reserve(expected);
+    ctx.store_misses.reserve(expected);
     for (size_t i = 0; i < n; ++i) ctx.positions[keys[i]] = first + int64_t(i) * step;
   }
 
   // --- the manager's interface (CPUOffloadManager) ------------------------------------------
+  // lookup(key) comes soon (a request's chunks are looked up in a row)
+  void prefetch(OffloadKey key) const { policy_->prefetch(key); }
+
   TierLookup lookup(OffloadKey key) {
     const TierChunk* chunk = policy_->get(key);
     if (chunk == nullptr) return kTierMiss;
@@ -94,8 +104,14 @@ class CpuTier {
     TierRequest& ctx = requests_[req];
     to_store.clear();
     evicted.clear();
-    std::vector<OffloadKey> ready_existing, new_misses, recorded;
+    std::vector<OffloadKey>& ready_existing = ready_existing_;
+    std::vector<OffloadKey>& new_misses = new_misses_;
+    std::vector<OffloadKey>& recorded = recorded_;
+    ready_existing.clear();
+    new_misses.clear();
+    recorded.clear();
     for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) policy_->prefetch(keys[i + kAhead]);
       const TierChunk* chunk = policy_->get(keys[i]);
       if (chunk == nullptr) {
         to_store.push_back(keys[i]);
@@ -174,7 +190,7 @@ class CpuTier {
     TierRequest& ctx = found->second;
     if (ctx.finished) return;
     ctx.finished = true;
-    std::vector<OffloadKey> keys = ctx.seen_order;
+    std::vector<OffloadKey> keys = std::move(ctx.seen_order);  // the record goes below
     std::vector<std::pair<int64_t, OffloadKey>> by_position;  // (position, key)
     by_position.reserve(keys.size());
     for (const OffloadKey key : keys) {
@@ -183,14 +199,21 @@ class CpuTier {
       by_position.emplace_back(found->second, key);
     }
     if (by_position.size() == keys.size()) {  // every key has a position: sort by it
-      std::stable_sort(by_position.begin(), by_position.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (size_t i = 0; i < keys.size(); ++i) keys[i] = by_position[i].second;
+      const auto by_first = [](const auto& a, const auto& b) { return a.first < b.first; };
+      // (most requests touch their chunks in prompt order: already sorted)
+      if (!std::is_sorted(by_position.begin(), by_position.end(), by_first)) {
+        std::stable_sort(by_position.begin(), by_position.end(), by_first);
+        for (size_t i = 0; i < keys.size(); ++i) keys[i] = by_position[i].second;
+      }
     }
     KeySet insertion_only;
-    for (const OffloadKey key : ctx.inserted)
-      if (!ctx.reused.count(key)) insertion_only.insert(key);
+    if (policy_->reads_access_sets()) {
+      ctx.inserted.for_each([&](OffloadKey key) {
+        if (!ctx.reused.count(key)) insertion_only.insert(key);
+      });
+    }
     policy_->on_request_finished(keys, insertion_only, ctx.reused);
+    if (ctx.lru_rank >= 0) policy_->on_request_done(ctx.lru_rank);
     requests_.erase(found);
   }
 
@@ -219,7 +242,9 @@ class CpuTier {
   std::vector<int32_t> free_slots_;
   std::unique_ptr<TierPolicy> policy_;
   std::unordered_map<int64_t, TierRequest> requests_;
+  static constexpr size_t kAhead = 4;  // how far ahead a walk over keys prefetches
   std::vector<OffloadKey> scratch_;
+  std::vector<OffloadKey> ready_existing_, new_misses_, recorded_;  // prepare_store's
   std::vector<std::pair<OffloadKey, TierChunk>> victims_;
 };
 

@@ -47,6 +47,7 @@ class SimLoopOf {
  public:
   SimLoopOf(Scheduler* scheduler, StepPrices prices)
       : sched_(scheduler), prices_(std::move(prices)) {}
+  virtual ~SimLoopOf() = default;
 
   // Step from ``now`` while steps end before ``next_due``; see the outcomes above.
   LoopOutcome run(double now, double next_due, int64_t report_at, size_t chunk_events,
@@ -86,6 +87,7 @@ class SimLoopOf {
   }
 
   double now() const { return now_; }
+  const StepPrices& prices() const { return prices_; }
   double pending_dt() const { return pending_dt_; }
   size_t num_steps() const { return duration_s.size(); }
 
@@ -100,7 +102,7 @@ class SimLoopOf {
   Column<int64_t> prefill_at;  // indices of the steps that prefill anything
   Column<int64_t> prefill_tokens;
 
- private:
+ protected:  // OffloadSimLoop (offload_loop.hpp) steps the same records
   double record(const StepInfo& s) {
     const int64_t running = sched_->num_running();
     const int64_t cached = sched_->num_cached_tokens();

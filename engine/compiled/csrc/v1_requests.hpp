@@ -25,6 +25,7 @@ enum SeqStatus : int8_t {
   kSeqLength = 3,    // FINISHED_LENGTH
   kSeqAborted = 4,   // FINISHED_ABORTED
   kSeqRejected = 5,  // FINISHED_REJECTED
+  kSeqWaitingForKv = 6,  // WAITING_FOR_KV: holding blocks while a KV connector loads them
 };
 
 // engine/core/event_kinds.py's StepKind, by value.
@@ -72,6 +73,7 @@ struct V1Request {
   double arrival_time = 0.0;
   int32_t num_preemptions = 0;
   int32_t prefix_hit_tokens = 0;  // Sequence.prefix_hit_tokens
+  int32_t offload_hit_tokens = 0;  // Sequence.offload_hit_tokens (a KV connector's load)
   std::string id_text;            // str(seq_id): the priority queue's last tie-break
 
   // Sequence.num_tokens

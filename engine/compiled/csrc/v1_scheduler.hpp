@@ -17,14 +17,18 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "block_pool.hpp"
 #include "event_buffer.hpp"
+#include "offload_connector.hpp"
 #include "v1_requests.hpp"
 
 namespace kvsim {
@@ -86,6 +90,9 @@ class V1Scheduler {
     const int32_t h = found->second;
     if (requests_[size_t(h)].status == kSeqRunning) {
       running_.erase(std::find(running_.begin(), running_.end(), h));
+    } else if (connector_ && std::find(holding_.begin(), holding_.end(), h) != holding_.end()) {
+      // OffloadingV1Scheduler.abort: a request waiting for its load leaves the holding queue
+      holding_.erase(std::find(holding_.begin(), holding_.end(), h));
     } else {
       waiting_.remove(h);
     }
@@ -106,19 +113,26 @@ class V1Scheduler {
     ++step_;
     pool_.events.begin_step(step_, time_);
     // vLLM lets a lone sequence use the whole budget (nobody to starve).
-    const size_t eligible = running_.size() + waiting_.size();
+    const size_t eligible = running_.size() + waiting_.size() + holding_.size();
     const int32_t threshold = eligible > 1 ? cfg_.long_prefill_token_threshold : 0;
     scheduled_.clear();
     num_new_tokens_.clear();
     preempted_.clear();
     admitted_.clear();
     const int32_t budget = schedule_running(threshold);
-    if (preempted_.empty()) schedule_waiting(threshold, budget);
+    if (preempted_.empty()) {
+      if (connector_) {
+        schedule_waiting_offload(threshold, budget);
+      } else {
+        schedule_waiting(threshold, budget);
+      }
+    }
     // rejected = the rejections on arrival reported now, then the waiting pass's
     rejected_.clear();
     for (const FinishedRecord& f : finished_early_) rejected_.push_back(f.seq_id);
     pending_ = true;
     count_step();
+    if (connector_) after_schedule_offload();
     if (pool_.record_events && !scheduled_.empty()) {
       // Scheduler.schedule's sink.record_step (EventRecorder keeps kind and num_seqs aside)
       pool_.events.record(kStep, kNoSeq, pool_.num_free_blocks(), nullptr, 0,
@@ -170,14 +184,42 @@ class V1Scheduler {
     return finished_;
   }
 
+  // OffloadingV1Scheduler.update: the step's update, then the transfers (job ids) reported
+  // done by this step (``done_jobs()`` gives them back, in the order given).
+  const std::vector<FinishedRecord>& update(const std::vector<int64_t>& completed_jobs) {
+    update();
+    done_jobs_.clear();
+    if (connector_ && !completed_jobs.empty()) complete_jobs(completed_jobs);
+    return finished_;
+  }
+
+  // --- a KV offload tier (OffloadingV1Scheduler with an OffloadConfig) ----------------------
+
+  // Put a CPU tier behind the prefix cache (before any request is added): ``num_chunks``
+  // chunks of ``blocks_per_chunk`` blocks, evicting by ARC (``arc``) or LRU.
+  void enable_offload(int64_t num_chunks, int32_t blocks_per_chunk, bool arc, bool prompt_only) {
+    if (step_ || !unfinished_.empty()) throw std::logic_error("enable offload on a fresh scheduler");
+    if (cfg_.priority)
+      throw std::invalid_argument("the offloading scheduler takes FCFS only (as the Python one)");
+    connector_ = std::make_unique<OffloadConnector>(num_chunks, blocks_per_chunk, arc, prompt_only,
+                                                    pool_.block_size(), pool_.enable_prefix_caching());
+  }
+  OffloadConnector* connector() { return connector_.get(); }
+  // The step's connector output (valid until the next schedule()).
+  const OffloadMeta& offload_meta() const { return connector_->meta(); }
+  // The jobs the last update() took as completed, in the order given.
+  const std::vector<OffloadJob>& done_jobs() const { return done_jobs_; }
+  int32_t num_holding() const { return int32_t(holding_.size()); }
+
   // --- queries -----------------------------------------------------------------------------
 
   // V1Scheduler.has_unfinished
   bool has_unfinished() const {
+    if (connector_ && (!holding_.empty() || connector_->has_pending_work())) return true;
     return !waiting_.empty() || !running_.empty() || !finished_early_.empty();
   }
   int32_t num_running() const { return int32_t(running_.size()); }
-  int32_t num_waiting() const { return int32_t(waiting_.size()); }
+  int32_t num_waiting() const { return int32_t(waiting_.size() + holding_.size()); }
   int64_t num_cached_tokens() const { return num_cached_tokens_; }  // Scheduler's counter
   int32_t step() const { return step_; }
   int32_t watermark_blocks() const { return watermark_blocks_; }
@@ -241,6 +283,7 @@ class V1Scheduler {
       return false;
     }
     waiting_.push_back(h);
+    if (connector_) connector_->on_new_request(seq_id, num_prompt_tokens);
     return true;
   }
 
@@ -271,6 +314,15 @@ class V1Scheduler {
   // defined in v1_passes.hpp
   int32_t schedule_running(int32_t threshold);
   void schedule_waiting(int32_t threshold, int32_t budget);
+  // OffloadingV1Scheduler's waiting pass and what it adds around the step: defined in
+  // v1_offload_passes.hpp
+  void schedule_waiting_offload(int32_t threshold, int32_t budget);
+  void finish_load(int32_t h);
+  void after_schedule_offload();
+  void complete_jobs(const std::vector<int64_t>& completed_jobs);
+  int32_t full_tokens(const V1Request& q) const {
+    return cfg_.max_model_len < 0 ? q.num_tokens() : std::min(q.num_tokens(), cfg_.max_model_len);
+  }
 
   // (priority, arrival_time) of ``a`` > that of ``b`` (_priority_key's tuple order)
   bool priority_after(int32_t a, int32_t b) const {
@@ -289,6 +341,7 @@ class V1Scheduler {
 
   // V1Scheduler._preempt (recompute): blocks freed, to the front of the waiting queue.
   void preempt(int32_t h) {
+    if (connector_) inflight_prefills_.erase(h);
     V1Request& q = requests_[size_t(h)];
     num_cached_tokens_ -= q.cached;
     pool_.free(h, true);
@@ -303,6 +356,11 @@ class V1Scheduler {
   // V1Scheduler._finish: the caller has taken it off the queues.
   void finish(int32_t h, SeqStatus status, EventKind kind, std::string reason) {
     V1Request& q = requests_[size_t(h)];
+    if (connector_ && status != kSeqRejected) {
+      // OffloadingV1Scheduler._finish: the connector hears of it before its blocks are freed
+      inflight_prefills_.erase(h);
+      connector_->request_finished(pool_, h, q.seq_id, q.num_tokens());
+    }
     q.status = status;
     unfinished_.erase(q.seq_id);
     num_cached_tokens_ -= q.cached;
@@ -392,8 +450,18 @@ class V1Scheduler {
   // the step's decisions
   std::vector<int32_t> scheduled_, num_new_tokens_, admitted_, done_, hits_;
   std::vector<int64_t> preempted_, rejected_;
+  // with a KV offload tier (OffloadingV1Scheduler)
+  std::unique_ptr<OffloadConnector> connector_;
+  std::deque<int32_t> holding_;  // _kv_holding: loading, or loaded and not yet running
+  std::unordered_set<int64_t> loaded_;  // seq ids whose load is reported done
+  std::unordered_set<int32_t> inflight_prefills_;  // handles admitted and still prefilling
+  std::vector<OffloadJob> done_jobs_;
+  std::vector<OffloadConnector::Scheduled> batch_;
+  std::vector<int64_t> admitted_ids_;
+  std::vector<int32_t> skipped_holding_, skipped_waiting_;
 };
 
 }  // namespace kvsim
 
 #include "v1_passes.hpp"  // the two scheduling passes, defined out of line
+#include "v1_offload_passes.hpp"  // the offloading scheduler's rules, defined out of line
