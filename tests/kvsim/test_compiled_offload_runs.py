@@ -209,3 +209,30 @@ def test_disk_tiers_stay_on_python(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert run(config).summary["num_finished"] == 3
     assert not used
     assert os.environ.get("KVSIM_PURE_PYTHON") is None
+
+
+def test_requests_waiting_for_pending_stores_keep_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # r0's prompt is stored over a slow link; r1 (unrelated) takes the whole small pool, so
+    # r0's GPU blocks are evicted; r2-r5 share r0's prefix: their tier hits are still being
+    # stored, so the waiting pass skips all of them, step after step, and puts them back in
+    # their order (the random sample reaches this only under -m slow)
+    prefix = list(range(1, 9))
+    rows: list[dict[str, Any]] = [
+        {"request_id": "r0", "arrival_time_s": 0.0, "prompt_tokens": 128,
+         "output_tokens": 2, "hash_ids": prefix},
+        {"request_id": "r1", "arrival_time_s": 0.05, "prompt_tokens": 256,
+         "output_tokens": 2, "hash_ids": list(range(100, 116))},
+    ] + [
+        {"request_id": f"r{i}", "arrival_time_s": 0.1 + 0.001 * i, "prompt_tokens": 144,
+         "output_tokens": 3 + i, "hash_ids": [*prefix, 1000 + i]}
+        for i in range(2, 6)
+    ]  # fmt: skip
+    trace = write_trace(tmp_path / "t.jsonl", rows, 16)
+    config = RunConfig(
+        trace=str(trace), **MODEL, num_blocks=20, kv_offloading_size=64 * 16 * TOKEN_GIB,
+        kv_offload_write_gbps=0.005, step_time="linear:0.005:1e-5",
+    )  # fmt: skip
+    result = run_both(config, monkeypatch)
+    assert result is not None and result.summary["offload"]["loads"]["jobs"] >= 1
