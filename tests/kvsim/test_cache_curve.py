@@ -178,17 +178,37 @@ def test_lru_and_optimal_equal_plain_replays_at_every_capacity(
     assert optimal[-1] == distances.hit_blocks(INF).sum()  # unlimited: every block seen before
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    trace=small_traces(max_requests=6, max_hash_blocks=3),
-    block_size=st.sampled_from([1, 2, 3]),
-    capacity=st.integers(0, 3),
-)
-def test_optimal_is_the_most_any_policy_can_hit(
+def check_optimal_is_the_most_any_policy_can_hit(
     trace: Trace, block_size: int, capacity: int
 ) -> None:
     optimal = optimal_hit_blocks(touch_segments(trace, block_size), [capacity])
     assert optimal[0] == best_possible(trace, block_size, capacity)
+
+
+OPTIMAL_CASES = given(
+    trace=small_traces(max_requests=6, max_hash_blocks=3),
+    block_size=st.sampled_from([1, 2, 3]),
+    capacity=st.integers(0, 3),
+)
+
+
+# best_possible searches every policy (exponential in the trace): 20 examples by default
+# (60 took 10 s of the default run), 200 under -m slow
+@settings(max_examples=20, deadline=None)
+@OPTIMAL_CASES
+def test_optimal_is_the_most_any_policy_can_hit(
+    trace: Trace, block_size: int, capacity: int
+) -> None:
+    check_optimal_is_the_most_any_policy_can_hit(trace, block_size, capacity)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None)
+@OPTIMAL_CASES
+def test_optimal_is_the_most_any_policy_can_hit_at_full_strength(
+    trace: Trace, block_size: int, capacity: int
+) -> None:
+    check_optimal_is_the_most_any_policy_can_hit(trace, block_size, capacity)
 
 
 @settings(max_examples=100, deadline=None)

@@ -136,6 +136,7 @@ def test_report_is_one_self_contained_file(run_dir: Path, tmp_path: Path) -> Non
     assert "preemptions" in page and ">240 blocks x 16 tokens<" in page
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_report_draws_side_by_side_what_it_would_draw_one_by_one(
     run_dir: Path, tmp_path: Path
 ) -> None:

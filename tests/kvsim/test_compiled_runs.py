@@ -178,6 +178,7 @@ def test_the_loop_outcomes_are_the_cores() -> None:
     ]
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_offload_runs_on_the_compiled_tier_match_python(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,6 +114,7 @@ def test_hand_edited_run_folders(small_run: Path, tmp_path: Path) -> None:
     run_cases(cases, tmp_path)
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_a_sweep_point_without_events_is_plotted(small_run: Path, tmp_path: Path) -> None:
     point = tmp_path / "run"
     shutil.copytree(small_run, point)

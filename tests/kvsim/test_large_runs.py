@@ -111,6 +111,7 @@ def test_kvsim_run_draws_both_pictures_of_a_long_run(
     assert {"occupancy.png", "gantt.png"} <= pngs
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_kvsim_plot_and_report_of_a_long_run_folder(
     pressured_config: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

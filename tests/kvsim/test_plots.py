@@ -191,6 +191,7 @@ def test_draw_rejects_an_unknown_picture(preempting_run: RunResult) -> None:
         draw(preempting_run, "pie")
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_write_run_plots_keeps_its_signature(preempting_run: RunResult, tmp_path: Path) -> None:
     r = preempting_run
     marks = r.events[r.events["kind"].isin(["PREEMPT", "REJECT"])]

@@ -60,6 +60,7 @@ def test_summary_json_is_strict_json(short_run: RunResult, tmp_path: Path) -> No
     assert summary["kv_usage_mean"] is None  # NaN is written as null
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_force_replaces_an_earlier_run_folder(short_run: RunResult, tmp_path: Path) -> None:
     out = tmp_path / "run"
     write_run(short_run, out, plots=True)

@@ -149,6 +149,7 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status  # a zombie has exited; nobody reaped it yet
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_children_of_a_killed_parent_stop_at_their_next_picture(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", ORPHANS, str(tmp_path)])
     deadline = time.monotonic() + 60

@@ -177,6 +177,7 @@ def test_a_signal_while_pictures_are_drawn_side_by_side_leaves_nothing(
     assert_gone(run)
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_ctrl_c_while_the_sweep_starts_its_workers_is_one_line(tmp_path: Path) -> None:
     sweep = start(*LONG_SWEEP, "--out", "sweeps/s", cwd=tmp_path)
     wait_for(lambda: any(".kvsim-tmp-" in n for n in names(tmp_path / "sweeps")), sweep)

@@ -107,6 +107,7 @@ def test_a_classic_run_draws_a_note_instead(toy_sim: object) -> None:
     plt.close(fig)
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_the_report_of_a_v1_run_shows_its_prefix_cache(v1_run: RunResult) -> None:
     from kvsim.outputs.report import build_report
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -20,6 +21,7 @@ def sweep(out: Path, *args: str) -> pd.DataFrame:
     return pd.read_csv(out / "sweep.csv")
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_a_sweep_over_routers_and_fleet_sizes(tmp_path: Path) -> None:
     table = sweep(tmp_path / "s", "--router", "round-robin,prefix", "--replicas", "1,3")
     assert table[["replicas", "router"]].values.tolist() == [
