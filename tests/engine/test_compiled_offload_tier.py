@@ -71,7 +71,7 @@ _STRATEGIES = dict(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**_STRATEGIES)  # type: ignore[arg-type]
 def test_compiled_tier_matches_the_python_manager(data: Any, policy: str, num_chunks: int) -> None:
     _check(data, policy, num_chunks)

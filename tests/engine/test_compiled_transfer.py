@@ -38,7 +38,7 @@ _STRATEGIES = dict(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**_STRATEGIES)  # type: ignore[arg-type]
 def test_compiled_link_matches_the_python_link(
     data: Any, discipline: str, read: float, write: float, latency: float

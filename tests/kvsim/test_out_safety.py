@@ -140,6 +140,7 @@ def test_a_kvsim_folder_holding_a_users_file_is_not_replaced(earlier_run: Path) 
     assert tree(earlier_run) == before
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_a_hand_made_marker_is_not_enough_for_the_other_kind(earlier_run: Path) -> None:
     # a run folder is not a sweep folder, and the other way round
     one_error_line(kvsim("sweep", "--until", "1", "--out", earlier_run, "--force"), "sweep")

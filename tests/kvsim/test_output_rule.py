@@ -181,6 +181,7 @@ def test_plot_into_the_run_folder_keeps_a_users_picture(earlier_run: Path) -> No
     assert (earlier_run / "plots" / "gantt.png").read_bytes() == b"my annotated gantt"
 
 
+@pytest.mark.slow  # seconds of end-to-end work; a sibling checks the rule by default
 def test_a_sweep_points_pictures_keep_the_sweep_replaceable(tmp_path: Path) -> None:
     sweep = tmp_path / "sw"
     assert kvsim("sweep", "--until", "1", "--out", sweep).exit_code == 0

@@ -36,6 +36,7 @@ def test_the_shipped_spec_holds_the_published_figures() -> None:
     assert reasoning.overloaded and reasoning.finished == 732 and reasoning.timed_out == 4068
 
 
+@pytest.mark.slow  # 5 s: six stages simulated; .ci/run runs the slow set
 def test_issue_30_acceptance_on_every_stage(validation: list[dict[str, object]]) -> None:
     """E2E and TPOT means within 10%, TTFT within 25% on every stage real vLLM served; the
     overloaded reasoning stage called saturated with its finished count within 20%."""
