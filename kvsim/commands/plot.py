@@ -29,7 +29,6 @@ from kvsim.commands.run_folder_args import (
     needs_events,
     one_line_errors,
     read_run_window,
-    same_place,
     write_file,
 )
 
@@ -132,6 +131,13 @@ def _event_pictures(run: Any) -> list[str]:
     return [n for n in NEEDS_EVENTS if offload or n not in OFFLOAD_PICTURE_NAMES]
 
 
+def _same_place(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
 def _draw_pictures(
     run: Any,
     run_dir: Path,
@@ -159,7 +165,7 @@ def _draw_pictures(
         return write_pictures(run, folder, names, t_from=t_from, t_to=t_to, workers=workers)
 
     default = run_dir / "plots"
-    if out is not None and not same_place(out, default):
+    if out is not None and not _same_place(out, default):
         kind = FolderKind("pictures folder", "", "", frozenset())
         with output_folder(out, kind, force=force) as tmp:
             drawn = draw(tmp)

@@ -115,13 +115,6 @@ def needs_events(run: Any, what: str) -> None:
         )
 
 
-def same_place(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except (OSError, RuntimeError):
-        return False
-
-
 @contextmanager
 def one_line_errors(run_dir: Path, doing: str = "draw its tables") -> Iterator[None]:
     """A library's exception as one red line (exit 2): kvsim's own errors and OS errors as
