@@ -93,6 +93,10 @@ class OffloadWorker:
         """When the next submitted job completes (s); None when none is in flight."""
         return self.link.next_completion_time()
 
+    def has_unreported(self) -> bool:
+        """Jobs completed (collected from the link) that no poll has reported yet."""
+        return bool(self._completed)
+
     def has_work(self) -> bool:
         """Stores deferred to the next step, or jobs in flight or not yet reported."""
         return bool(self._deferred or self._completed or self.link.in_flight())

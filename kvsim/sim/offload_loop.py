@@ -15,6 +15,7 @@ connector has pending work), and that step reports what completed by then.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Generator
 from typing import Any
@@ -88,10 +89,13 @@ def offload_engine_loop(
             trace.price_loads(executor, meta.load_jobs, sched)
         start = worker.start_step(meta, env.now)
         if start > env.now:
-            yield env.timeout(start - env.now)
+            yield env.timeout(delay_until(env.now, start))
         if out.is_empty:
-            # Stores this step built are submitted by the next step, at once (no idling).
+            # Stores this step built are submitted by the next step, at once (no idling);
+            # completions the flush or the step's start collected are reported at once (an
+            # aborted request's last stores may be all the connector waits for).
             idle = not out.rejected and not out.preempted and not meta.store_jobs
+            idle = idle and not worker.has_unreported()
             # (this step may have ended the connector's last work: then nothing is left)
             if idle and sched.has_unfinished():
                 yield from _idle_until_next(sim, worker, tiering)
@@ -129,7 +133,20 @@ def _idle_until_next(
     if due is None:
         yield sim._wake
     else:
-        yield env.any_of([sim._wake, env.timeout(max(due - env.now, 0.0))])
+        yield env.any_of([sim._wake, env.timeout(delay_until(env.now, due))])
+
+
+def delay_until(now: float, t: float) -> float:
+    """The delay (s) a timeout at ``now`` needs to land at or after ``t`` (s): simpy's clock
+    moves to ``now + delay``, which for ``delay = t - now`` can fall one float step short of
+    ``t``, and a link whose clock reached ``t`` refuses the earlier time (the flush wait's
+    "time is before the link's clock"). 0 when ``t`` is not after ``now``."""
+    if t <= now:
+        return 0.0
+    delay = t - now
+    while now + delay < t:
+        delay = math.nextafter(delay, math.inf)
+    return delay
 
 
 def offload_records(sim: Any, trace: TierTrace) -> OffloadRecords | None:

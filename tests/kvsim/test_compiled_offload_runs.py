@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine.compiled
-from engine.core.errors import EngineError
 from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import write_run
 from kvsim.runner import run
@@ -38,12 +37,11 @@ def run_both(
     config: RunConfig, monkeypatch: pytest.MonkeyPatch, folders: Path | None = None
 ) -> Any:
     """Run ``config`` on both paths and compare every table and the summary; with
-    ``folders``, also the run folders' files byte for byte. Returns the compiled result, or
-    None when both paths fail (the readable path is the specification, its failures
-    included: a flush wait that simpy's clock ends an ulp before the link's clock, and an
-    engine left waiting with no event to come, are two it has on rare random setups)."""
+    ``folders``, also the run folders' files byte for byte. Returns the compiled result.
+    Both paths must run: the two failures these random runs once found on both (a flush
+    wait landing a float step before the link's clock; an empty step waiting for a
+    completion already collected) are fixed and kept in tests/kvsim/test_offload_clock.py."""
     results = {}
-    failed: dict[str, str] = {}
     used: list[bool] = []
     original = CompiledOffloadSimulation.run
 
@@ -58,16 +56,11 @@ def run_both(
         engine.compiled.cache_clear()
         try:
             results[path] = run(config)
-        except (ValueError, RuntimeError, EngineError) as exc:  # the link's check, simpy's
-            failed[path] = type(exc).__name__
         finally:
             monkeypatch.delenv("KVSIM_PURE_PYTHON", raising=False)
             engine.compiled.cache_clear()
         assert bool(used) == (path == "compiled"), path
         used.clear()
-    assert failed.keys() in ({"compiled", "python"}, set()), failed
-    if failed:
-        return None
     a, b = results["compiled"], results["python"]
     for table in ("steps", "requests", "events"):
         assert_frame_equal(getattr(a, table), getattr(b, table))

@@ -15,8 +15,8 @@
 //   kWait       that step has no completion to wait for: Python yields the wake event;
 //   kIdle, kFinished, kEvents, kReport as SimLoop's.
 //
-// Each clock move that Python would make with a timeout is made as ``now + (t - now)``, the
-// float simpy's timeout gives.
+// Each clock move that Python would make with a timeout is made as ``now + delay``, the float
+// simpy's timeout gives; a wait until a time t takes delay_until(now, t), as Python's.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +35,15 @@
 namespace kvsim {
 
 constexpr int32_t kIdleUntil = 6;  // a LoopOutcome beyond SimLoop's (see above)
+
+// kvsim/sim/offload_loop.py's delay_until: the delay a timeout at ``now`` needs to land at or
+// after ``t`` (``t - now`` can land one float step short, before the link's clock).
+inline double delay_until(double now, double t) {
+  if (t <= now) return 0.0;
+  double delay = t - now;
+  while (now + delay < t) delay = std::nextafter(delay, std::numeric_limits<double>::infinity());
+  return delay;
+}
 
 // engine/offload/worker.py's OffloadWorker: submits each step's jobs to the link and
 // records every job's timing, in submission order.
@@ -82,6 +91,9 @@ class OffloadWorker {
   }
 
   bool next_completion_time(double& out) { return link_.next_completion_time(out); }
+
+  // has_unreported: jobs collected from the link that no poll has reported yet.
+  bool has_unreported() const { return !completed_.empty(); }
 
   // Every job submitted, in submission order (JobTiming's fields; NaN: not completed).
   Column<int64_t> job_id, seq_id, nbytes;
@@ -151,7 +163,7 @@ class OffloadSimLoop : public SimLoop {
           const double start = worker.start_step(meta, now_);
           phase_ = kAfterFlush;
           if (start > now_) {
-            const double wait = start - now_;
+            const double wait = delay_until(now_, start);
             if (!(now_ + wait < next_due)) {
               pending_dt_ = wait;
               return kPending;
@@ -165,11 +177,12 @@ class OffloadSimLoop : public SimLoop {
           if (s.num_seqs == 0) {
             phase_ = kAfterIdle;
             const bool idle = !s.num_preempted && !s.num_rejected &&
-                              sched_->offload_meta().store_jobs.empty();
+                              sched_->offload_meta().store_jobs.empty() &&
+                              !worker.has_unreported();
             if (idle && sched_->has_unfinished()) {
               double due;
               if (!worker.next_completion_time(due)) return kWait;
-              const double wait = std::max(due - now_, 0.0);
+              const double wait = delay_until(now_, due);
               if (!(now_ + wait < next_due)) {
                 pending_dt_ = wait;
                 return kIdleUntil;
