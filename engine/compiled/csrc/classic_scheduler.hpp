@@ -26,6 +26,7 @@
 
 #include "classic_pool.hpp"
 #include "event_buffer.hpp"
+#include "scheduler_base.hpp"
 #include "v1_requests.hpp"  // SeqStatus, StepInfo, FinishedRecord
 
 namespace kvsim {
@@ -47,16 +48,19 @@ struct ClassicRequest {
   int64_t finish_cached_count = 0;      // Sequence._finish_cached_count
   SeqStatus status = kSeqWaiting;
   int32_t num_preemptions = 0;
+  bool stops_on_token = false;  // never: a classic run stops at its length limit
   std::vector<int32_t> table;  // Sequence.block_table
 
   int32_t num_tokens() const { return num_prompt_tokens + num_generated; }
 };
 
-class ClassicScheduler {
+class ClassicScheduler : public SchedulerBase<ClassicScheduler, ClassicPool, ClassicRequest> {
+  friend class SchedulerBase<ClassicScheduler, ClassicPool, ClassicRequest>;
+
  public:
   ClassicScheduler(int32_t num_blocks, int32_t block_size, double watermark,
                    const ClassicConfig& config)
-      : pool_(num_blocks, block_size, watermark), cfg_(config) {
+      : SchedulerBase(num_blocks, block_size, watermark), cfg_(config) {
     if (config.max_num_seqs < 1 || config.max_num_batched_tokens < 1)
       throw std::invalid_argument("max_num_seqs and max_num_batched_tokens must be positive");
     if (config.max_model_len == 0 || config.max_model_len < -1)
@@ -68,11 +72,7 @@ class ClassicScheduler {
   // Scheduler.add_request of a new sequence of ``num_prompt_tokens`` tokens generating at
   // most ``max_tokens`` (ignore_eos): queued behind every waiting one; ARRIVE.
   void add_request(int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens) {
-    if (unfinished_.count(seq_id))
-      throw std::invalid_argument("sequence " + std::to_string(seq_id) +
-                                  " is already queued or running");
-    if (num_prompt_tokens < 1) throw std::invalid_argument("prompt_token_ids must not be empty");
-    if (max_tokens < 1) throw std::invalid_argument("max_tokens must be a positive integer");
+    check_new(seq_id, num_prompt_tokens, max_tokens);
     int32_t h;
     if (!free_handles_.empty()) {
       h = free_handles_.back();
@@ -96,39 +96,11 @@ class ClassicScheduler {
     record(kArrive, q, q.num_tokens());
   }
 
-  // Scheduler.abort: finished as ABORTED and its blocks freed now; false if ``seq_id`` is
-  // unknown or finished. One aborted between schedule() and update() is skipped by that
-  // update().
-  bool abort(int64_t seq_id) {
-    const auto found = unfinished_.find(seq_id);
-    if (found == unfinished_.end()) return false;
-    const int32_t h = found->second;
-    if (requests_[size_t(h)].status == kSeqRunning) {
-      running_.erase(std::find(running_.begin(), running_.end(), h));
-    } else {
-      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), h));
-      if (head_fits_ == h) head_fits_ = -1;  // Python compares identity: never again
-    }
-    finish(h, kSeqAborted, kAbort, "aborted");
-    return true;
-  }
-
-  // The clock the events that follow are stamped with (EventRecorder's clock()).
-  void set_time(double time_s) {
-    time_ = time_s;
-    pool_.events.begin_step(step_, time_);
-  }
-
   // --- schedule (Scheduler.schedule) -------------------------------------------------------
 
   const StepInfo& schedule() {
-    if (pending_) throw std::logic_error("a step was scheduled but never updated");
-    ++step_;
-    pool_.events.begin_step(step_, time_);
-    scheduled_.clear();
-    preempted_.clear();
+    begin_schedule();
     rejected_.clear();
-    num_new_tokens_.clear();
     num_batched_tokens_ = 0;
     if (!waiting_.empty() && !head_blocked()) schedule_prefill();
     // nothing admitted (rejections at most): a decode step, which carries them
@@ -136,13 +108,7 @@ class ClassicScheduler {
     if (!is_prefill_) schedule_decode();
     pending_ = true;
     count_step();
-    if (pool_.record_events && !scheduled_.empty()) {
-      // Scheduler.schedule's sink.record_step (EventRecorder keeps kind and num_seqs aside)
-      pool_.events.record(kStep, kNoSeq, pool_.num_free_blocks(), nullptr, 0,
-                          int32_t(num_batched_tokens_));
-      step_kinds.push_back(info_.kind);
-      step_num_seqs.push_back(info_.num_seqs);
-    }
+    record_step(num_batched_tokens_);
     return info_;
   }
 
@@ -152,11 +118,7 @@ class ClassicScheduler {
   // and samples the placeholder; those at their length limit finish. Returns the requests
   // finished, those rejected while scheduling the step first (Scheduler._take_pending).
   const std::vector<FinishedRecord>& update() {
-    if (!pending_) throw std::logic_error("update() without a scheduled step");
-    pending_ = false;
-    finished_.swap(finished_early_);
-    finished_early_.clear();
-    done_.clear();
+    begin_update();
     for (size_t k = 0; k < scheduled_.size(); ++k) {
       ClassicRequest& q = requests_[size_t(scheduled_[k])];
       if (q.status != kSeqRunning) continue;  // aborted after it was scheduled
@@ -167,17 +129,7 @@ class ClassicScheduler {
       ++q.num_generated;
       if (q.cached >= q.finish_cached_count) done_.push_back(scheduled_[k]);
     }
-    // Scheduler._finish_sampled, then _drop_finished (the running order kept)
-    for (const int32_t h : done_) finish(h, kSeqLength, kFinish, "length");
-    if (!done_.empty()) {
-      running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                    [this](int32_t h) {
-                                      return requests_[size_t(h)].status != kSeqRunning;
-                                    }),
-                     running_.end());
-    }
-    for (const int32_t h : released_) release(h);
-    released_.clear();
+    finish_done();
     return finished_;
   }
 
@@ -185,35 +137,14 @@ class ClassicScheduler {
 
   // Scheduler.has_unfinished (a rejection is reported by the update of its own step)
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
-  int32_t num_running() const { return int32_t(running_.size()); }
   int32_t num_waiting() const { return int32_t(waiting_.size()); }
-  int64_t num_cached_tokens() const { return num_cached_tokens_; }  // Scheduler's counter
-  int32_t step() const { return step_; }
-  bool pending() const { return pending_; }
-  const StepInfo& last_step() const { return info_; }
-  ClassicPool& pool() { return pool_; }
 
-  // The pending (or last) step's decisions (tests): scheduled handles in batch order and
-  // their tokens, preempted and rejected seq_ids.
-  const std::vector<int32_t>& scheduled() const { return scheduled_; }
+  // The pending (or last) step's tokens per scheduled request (tests): a decode's are 1.
   std::vector<int32_t> num_new_tokens() const {
     if (is_prefill_) return num_new_tokens_;
     return std::vector<int32_t>(scheduled_.size(), 1);
   }
-  const std::vector<int64_t>& preempted() const { return preempted_; }
-  const std::vector<int64_t>& rejected() const { return rejected_; }
-  const std::vector<int32_t>& running() const { return running_; }
   std::vector<int32_t> waiting() const { return {waiting_.begin(), waiting_.end()}; }
-  const ClassicRequest& request(int32_t h) const { return requests_.at(size_t(h)); }
-  // The handle of an unfinished request, -1 if none.
-  int32_t handle_of(int64_t seq_id) const {
-    const auto found = unfinished_.find(seq_id);
-    return found == unfinished_.end() ? -1 : found->second;
-  }
-
-  // The STEP rows' step kind and batch size, one per STEP event in the pool's buffer.
-  Column<int8_t> step_kinds;
-  Column<int64_t> step_num_seqs;
 
  private:
   // Scheduler._head_blocked: the head already found able to fit still has no seat or blocks.
@@ -230,6 +161,12 @@ class ClassicScheduler {
   bool never_fits(const ClassicRequest& q, int32_t n, std::string& reason) const;
   void schedule_decode();
   bool make_room(int32_t h);
+
+  // Scheduler.abort of a request not running: off the waiting queue.
+  void leave_waiting(int32_t h) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), h));
+    if (head_fits_ == h) head_fits_ = -1;  // Python compares identity: never again
+  }
 
   // Scheduler._preempt (recompute): blocks freed, to the front of the waiting queue.
   void preempt(int32_t h) {
@@ -251,16 +188,7 @@ class ClassicScheduler {
     num_cached_tokens_ -= q.cached;
     record(kind, q, q.num_tokens());
     pool_.free(q.seq_id, q.table);
-    if (status == kSeqRejected)
-      finished_early_.push_back({q.seq_id, status, std::move(reason)});
-    else if (status != kSeqAborted)
-      finished_.push_back({q.seq_id, status, std::move(reason)});
-    // its handle is reused only once no pending step can name it
-    if (pending_) {
-      released_.push_back(h);
-    } else {
-      release(h);
-    }
+    report_finished(h, q, status, std::move(reason));
   }
 
   // Scheduler._reject: finished as REJECTED, reported by the next update().
@@ -298,32 +226,13 @@ class ClassicScheduler {
     s.blocks_walked = pool_.num_blocks() - pool_.num_free_blocks();
   }
 
-  // sink.record(kind, seq_id, free blocks, (), num_tokens) of the Scheduler's events
-  void record(EventKind kind, const ClassicRequest& q, int32_t num_tokens) {
-    if (pool_.record_events)
-      pool_.events.record(kind, q.seq_id, pool_.num_free_blocks(), nullptr, 0, num_tokens);
-  }
-
-  ClassicPool pool_;
   ClassicConfig cfg_;
-  std::vector<ClassicRequest> requests_;  // by handle
   std::vector<int32_t> free_handles_;
   std::deque<int32_t> waiting_;
-  std::vector<int32_t> running_;  // in admission order: the last is preempted first
-  std::unordered_map<int64_t, int32_t> unfinished_;  // seq_id -> handle
   int32_t head_fits_ = -1;  // Scheduler._head_fits: the waiting head known able to fit
-  std::vector<FinishedRecord> finished_early_;  // rejected, returned by the next update()
-  std::vector<FinishedRecord> finished_;        // what the last update() returned
-  std::vector<int32_t> released_;  // finished while a step was pending: handles to free
-  bool pending_ = false;
-  bool is_prefill_ = false;  // the pending (or last) step is a prefill batch
-  int32_t step_ = 0;
-  double time_ = 0.0;
-  int64_t num_cached_tokens_ = 0;
+  bool is_prefill_ = false;  // the pending (or last) step is a prefill batch (num_new_tokens_
+                             // holds a prefill's tokens only)
   int64_t num_batched_tokens_ = 0;
-  StepInfo info_;
-  std::vector<int32_t> scheduled_, num_new_tokens_, done_;  // num_new_tokens_: a prefill's
-  std::vector<int64_t> preempted_, rejected_;
 };
 
 }  // namespace kvsim

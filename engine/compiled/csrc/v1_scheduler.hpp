@@ -29,16 +29,19 @@
 #include "block_pool.hpp"
 #include "event_buffer.hpp"
 #include "offload_connector.hpp"
+#include "scheduler_base.hpp"
 #include "v1_requests.hpp"
 
 namespace kvsim {
 
-class V1Scheduler {
+class V1Scheduler : public SchedulerBase<V1Scheduler, BlockPool, V1Request> {
+  friend class SchedulerBase<V1Scheduler, BlockPool, V1Request>;
+
  public:
   // V1Scheduler.__init__ over a fresh pool; ``token``: the id every step samples.
   V1Scheduler(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
               const V1Config& config, int64_t token)
-      : pool_(num_blocks, block_size, enable_prefix_caching),
+      : SchedulerBase(num_blocks, block_size, enable_prefix_caching),
         cfg_(config),
         token_(token),
         waiting_(&requests_, config.priority) {
@@ -81,43 +84,13 @@ class V1Scheduler {
                max_tokens, arrival_time, priority, stops_on_token);
   }
 
-  // Scheduler.abort: a waiting or running request is finished as ABORTED and its blocks
-  // freed now; false if ``seq_id`` is unknown or finished. One aborted between schedule()
-  // and update() is skipped by that update().
-  bool abort(int64_t seq_id) {
-    const auto found = unfinished_.find(seq_id);
-    if (found == unfinished_.end()) return false;
-    const int32_t h = found->second;
-    if (requests_[size_t(h)].status == kSeqRunning) {
-      running_.erase(std::find(running_.begin(), running_.end(), h));
-    } else if (connector_ && std::find(holding_.begin(), holding_.end(), h) != holding_.end()) {
-      // OffloadingV1Scheduler.abort: a request waiting for its load leaves the holding queue
-      holding_.erase(std::find(holding_.begin(), holding_.end(), h));
-    } else {
-      waiting_.remove(h);
-    }
-    finish(h, kSeqAborted, kAbort, "aborted");
-    return true;
-  }
-
-  // The clock the events that follow are stamped with (EventRecorder's clock()).
-  void set_time(double time_s) {
-    time_ = time_s;
-    pool_.events.begin_step(step_, time_);
-  }
-
   // --- schedule (V1Scheduler.schedule) -----------------------------------------------------
 
   const StepInfo& schedule() {
-    if (pending_) throw std::logic_error("a step was scheduled but never updated");
-    ++step_;
-    pool_.events.begin_step(step_, time_);
+    begin_schedule();
     // vLLM lets a lone sequence use the whole budget (nobody to starve).
     const size_t eligible = running_.size() + waiting_.size() + holding_.size();
     const int32_t threshold = eligible > 1 ? cfg_.long_prefill_token_threshold : 0;
-    scheduled_.clear();
-    num_new_tokens_.clear();
-    preempted_.clear();
     admitted_.clear();
     const int32_t budget = schedule_running(threshold);
     if (preempted_.empty()) {
@@ -133,13 +106,7 @@ class V1Scheduler {
     pending_ = true;
     count_step();
     if (connector_) after_schedule_offload();
-    if (pool_.record_events && !scheduled_.empty()) {
-      // Scheduler.schedule's sink.record_step (EventRecorder keeps kind and num_seqs aside)
-      pool_.events.record(kStep, kNoSeq, pool_.num_free_blocks(), nullptr, 0,
-                          int32_t(info_.num_batched_tokens));
-      step_kinds.push_back(info_.kind);
-      step_num_seqs.push_back(info_.num_seqs);
-    }
+    record_step(info_.num_batched_tokens);
     return info_;
   }
 
@@ -149,11 +116,7 @@ class V1Scheduler {
   // (or recompute) is complete samples the token and may finish. Returns the requests
   // finished, those rejected since the last update first (Scheduler._take_pending).
   const std::vector<FinishedRecord>& update() {
-    if (!pending_) throw std::logic_error("update() without a scheduled step");
-    pending_ = false;
-    finished_.swap(finished_early_);
-    finished_early_.clear();
-    done_.clear();
+    begin_update();
     for (size_t k = 0; k < scheduled_.size(); ++k) {
       const int32_t h = scheduled_[k];
       V1Request& q = requests_[size_t(h)];
@@ -166,21 +129,7 @@ class V1Scheduler {
       if (q.num_generated == 1) record(kFirstToken, q, q.num_tokens());
       if (q.stops_on_token || q.cached >= q.finish_cached_count) done_.push_back(h);
     }
-    // Scheduler._finish_sampled, then _drop_finished (the running order kept)
-    for (const int32_t h : done_) {
-      const bool stop = requests_[size_t(h)].stops_on_token;
-      finish(h, stop ? kSeqStopped : kSeqLength, kFinish,
-             stop ? "stop" : "length");
-    }
-    if (!done_.empty()) {
-      running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                    [this](int32_t h) {
-                                      return requests_[size_t(h)].status != kSeqRunning;
-                                    }),
-                     running_.end());
-    }
-    for (const int32_t h : released_) pool_.remove_request(h);
-    released_.clear();
+    finish_done();
     return finished_;
   }
 
@@ -218,46 +167,16 @@ class V1Scheduler {
     if (connector_ && (!holding_.empty() || connector_->has_pending_work())) return true;
     return !waiting_.empty() || !running_.empty() || !finished_early_.empty();
   }
-  int32_t num_running() const { return int32_t(running_.size()); }
   int32_t num_waiting() const { return int32_t(waiting_.size() + holding_.size()); }
-  int64_t num_cached_tokens() const { return num_cached_tokens_; }  // Scheduler's counter
-  int32_t step() const { return step_; }
   int32_t watermark_blocks() const { return watermark_blocks_; }
-  bool pending() const { return pending_; }
   const V1Config& config() const { return cfg_; }
-  const StepInfo& last_step() const { return info_; }
-  BlockPool& pool() { return pool_; }
 
-  // The pending (or last) step's decisions, as request handles (tests).
-  const std::vector<int32_t>& scheduled() const { return scheduled_; }
+  // The pending (or last) step's tokens per scheduled request and admissions (tests).
   const std::vector<int32_t>& num_new_tokens() const { return num_new_tokens_; }
-  const std::vector<int64_t>& preempted() const { return preempted_; }
-  const std::vector<int64_t>& rejected() const { return rejected_; }
   const std::vector<int32_t>& admitted() const { return admitted_; }
-  const std::vector<int32_t>& running() const { return running_; }
   std::vector<int32_t> waiting() const { return waiting_.to_vector(); }
-  const V1Request& request(int32_t h) const { return requests_.at(size_t(h)); }
-  // The handle of an unfinished request, -1 if none.
-  int32_t handle_of(int64_t seq_id) const {
-    const auto found = unfinished_.find(seq_id);
-    return found == unfinished_.end() ? -1 : found->second;
-  }
-
-  // The STEP rows' step kind and batch size, one per STEP event in the pool's buffer
-  // (EventRecorder.step_columns keeps them beside the event row).
-  Column<int8_t> step_kinds;
-  Column<int64_t> step_num_seqs;
 
  private:
-  void check_new(int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens) const {
-    // V1Scheduler.add_request, Sequence and SamplingParams refuse these
-    if (unfinished_.count(seq_id))
-      throw std::invalid_argument("sequence " + std::to_string(seq_id) +
-                                  " is already queued or running");
-    if (num_prompt_tokens < 1) throw std::invalid_argument("prompt_token_ids must not be empty");
-    if (max_tokens < 1) throw std::invalid_argument("max_tokens must be a positive integer");
-  }
-
   // V1Scheduler.add_request of the request the pool knows as ``h``.
   bool add(int32_t h, int64_t seq_id, int32_t num_prompt_tokens, int64_t max_tokens,
            double arrival_time, int64_t priority, bool stops_on_token) {
@@ -339,6 +258,17 @@ class V1Scheduler {
     budget -= n;
   }
 
+  // Scheduler.abort of a request not running: off the waiting queue, or
+  // (OffloadingV1Scheduler.abort) off the holding queue when it waits for its load.
+  void leave_waiting(int32_t h) {
+    const auto held = std::find(holding_.begin(), holding_.end(), h);
+    if (connector_ && held != holding_.end()) {
+      holding_.erase(held);
+    } else {
+      waiting_.remove(h);
+    }
+  }
+
   // V1Scheduler._preempt (recompute): blocks freed, to the front of the waiting queue.
   void preempt(int32_t h) {
     if (connector_) inflight_prefills_.erase(h);
@@ -366,17 +296,11 @@ class V1Scheduler {
     num_cached_tokens_ -= q.cached;
     record(kind, q, q.num_tokens());
     pool_.free(h, false);
-    if (status == kSeqRejected)
-      finished_early_.push_back({q.seq_id, status, std::move(reason)});
-    else if (status != kSeqAborted)
-      finished_.push_back({q.seq_id, status, std::move(reason)});
-    // its handle is reused only once no pending step can name it
-    if (pending_) {
-      released_.push_back(h);
-    } else {
-      pool_.remove_request(h);
-    }
+    report_finished(h, q, status, std::move(reason));
   }
+
+  // A handle no pending step names any more: the pool forgets its request.
+  void release(int32_t h) { pool_.remove_request(h); }
 
   // Scheduler._reject: finished as REJECTED, reported by the next update().
   void reject(int32_t h, std::string reason) {
@@ -421,35 +345,15 @@ class V1Scheduler {
     s.num_rejected = int32_t(rejected_.size());
   }
 
-  // sink.record(kind, seq_id, free blocks, (), num_tokens) of the Scheduler's events
-  void record(EventKind kind, const V1Request& q, int32_t num_tokens) {
-    if (pool_.record_events)
-      pool_.events.record(kind, q.seq_id, pool_.num_free_blocks(), nullptr, 0, num_tokens);
-  }
-
   int64_t blocks_needed(int32_t num_tokens) const {
     return (int64_t{num_tokens} + pool_.block_size() - 1) / pool_.block_size();
   }
 
-  BlockPool pool_;
   V1Config cfg_;
   int64_t token_;
   int32_t watermark_blocks_ = 0;
-  std::vector<V1Request> requests_;  // by the pool's request handle
-  WaitingQueue waiting_;
-  std::vector<int32_t> running_;  // in admission order
-  std::unordered_map<int64_t, int32_t> unfinished_;  // seq_id -> handle
-  std::vector<FinishedRecord> finished_early_;  // rejected, returned by the next update()
-  std::vector<FinishedRecord> finished_;        // what the last update() returned
-  std::vector<int32_t> released_;  // finished while a step was pending: handles to free
-  bool pending_ = false;
-  int32_t step_ = 0;
-  double time_ = 0.0;
-  int64_t num_cached_tokens_ = 0;
-  StepInfo info_;
-  // the step's decisions
-  std::vector<int32_t> scheduled_, num_new_tokens_, admitted_, done_, hits_;
-  std::vector<int64_t> preempted_, rejected_;
+  WaitingQueue waiting_;  // over requests_ (by the pool's request handle)
+  std::vector<int32_t> admitted_, hits_;  // the step's admissions, prefix hits
   // with a KV offload tier (OffloadingV1Scheduler)
   std::unique_ptr<OffloadConnector> connector_;
   std::deque<int32_t> holding_;  // _kv_holding: loading, or loaded and not yet running
