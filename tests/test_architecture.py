@@ -59,6 +59,7 @@ ENGINE_LAYERS = (
         "engine.core.scheduler_output",
         "engine.core.invariants",
         "engine.core.events",
+        "engine.core.event_sink",
         "engine.core.event_rows",
         "engine.core.event_kinds",
         "engine.core.errors",
