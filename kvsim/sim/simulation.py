@@ -9,8 +9,9 @@ The simulator drives the engine's own Scheduler and BlockManager; it keeps no co
 logic and no mirror of KV memory. An idle engine sleeps until the next arrival.
 
 Speed: in cost mode the scheduler is a FastDecodeScheduler (engine/fast/decode.py), whose
-decode steps cost O(allocations + finishes) instead of O(running sequences); its event stream
-is identical to the plain Scheduler's (tests check this).
+decode steps cost O(allocations + finishes) instead of O(running sequences), run back to back
+by kvsim/sim/plain_decodes.py; its event stream is identical to the plain Scheduler's (tests
+check this).
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ from engine import BlockManager, EventRecorder, SamplingParams, Scheduler, Seque
 from engine.core.events import ChunkCallback, EventKind, StepKind
 from engine.core.scheduler_output import SchedulerOutput
 from engine.core.sequence import SequenceStatus
-from engine.fast.decode import FastDecodeScheduler
-from engine.fast.fast_v1 import FastV1Scheduler
 from engine.offload.worker import OffloadWorker
 from engine.v1.prefix_keys import PrefixSource
 from kvsim.sim.executor import Executor
 from kvsim.sim.gc_passes import fewer_gc_passes
 from kvsim.sim.offload_loop import TierTrace, offload_engine_loop, offload_records
+from kvsim.sim.plain_decodes import plain_decode_steps
 from kvsim.sim.records import SimResult, SimSettings
 from workloads import Request, closed_loop
 
@@ -279,7 +279,7 @@ class Simulation:
                 yield self._wake
                 continue
             if plain_decodes:
-                yield from self._plain_decodes(progress)
+                yield from plain_decode_steps(self, progress)
                 if not sched.has_unfinished():
                     continue
             out = sched.schedule()
@@ -312,53 +312,6 @@ class Simulation:
             env._now = end
         else:
             yield env.timeout(dt)
-
-    def _plain_decodes(self, progress: Progress | None) -> Generator[simpy.Event, Any, None]:
-        """Multi-step decoding: let the scheduler run decode steps back to back while each is
-        plain (nothing is admitted or preempted; arrivals and finishes may happen between
-        them), without output objects or the general schedule / execute / update path. Every
-        step keeps its own events, duration and time stamp, identical to running it the
-        general way. A step that ends at or after the next simpy event is left pending and
-        run with a timeout (see ``_advance_clock``)."""
-        env, sched = self.env, self.scheduler
-        assert isinstance(sched, (FastDecodeScheduler, FastV1Scheduler))
-        if self._decode_step_time is None:
-            self._decode_step_time = self.executor.decode_step_timer()  # type: ignore[attr-defined]
-        step_time = self._decode_step_time
-        durations, filled, running = self._durations, self._filled, self._running
-        bm, cached_free = self.block_manager, self._cached_free
-        finish, peek = self._finish_seq, env.peek
-        pending_dt = 0.0
-        # When the next simpy event is due: inside run_plain_decodes only a finish can bring
-        # it closer (a closed-loop user's completion event), so it is read again only then.
-        next_due = peek()
-
-        def on_step(num_seqs: int, context_tokens: int, num_used_blocks: int) -> bool:
-            nonlocal pending_dt
-            dt = step_time(num_seqs, context_tokens, num_used_blocks)
-            durations.append(dt)
-            filled.append(context_tokens)
-            running.append(num_seqs)
-            if cached_free is not None:
-                cached_free.append(bm.num_cached_free_blocks)
-            if len(durations) >= self._next_progress:  # never, without a progress callback
-                self._report(progress)
-            end = env._now + dt  # _advance_clock, inlined: this is the simulator's hottest loop
-            if end < next_due:
-                env._now = end
-                return True
-            pending_dt = dt
-            return False
-
-        def on_finished(seqs: list[Sequence]) -> None:
-            nonlocal next_due
-            for seq in seqs:
-                finish(seq)
-            next_due = peek()
-
-        while sched.run_plain_decodes(on_step, on_finished):
-            yield env.timeout(pending_dt)
-            on_finished(sched.end_plain_decode())
 
     def _report(self, progress: Progress | None) -> None:
         if progress is not None and len(self._durations) >= self._next_progress:
