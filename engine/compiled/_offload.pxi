@@ -1,4 +1,5 @@
-# The compiled CPU offload tier (csrc/offload_tier.hpp, csrc/offload_policies.hpp).
+# The compiled CPU offload tier (csrc/offload_tier.hpp, csrc/offload_policies.hpp,
+# csrc/arc_policy.hpp).
 # (included by _core.pyx: one extension module, split for reading)
 
 cdef extern from "csrc/offload_tier.hpp" namespace "kvsim":

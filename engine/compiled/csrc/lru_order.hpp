@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <queue>
 #include <utility>
@@ -35,7 +36,12 @@ class LruOrder {
   // An entry of any rank: onto its request's stack when it is smaller than the stack's
   // back, else into the heap.
   void push(int64_t rank, int64_t key) {
-    std::vector<Entry>& stack = stacks_[major(rank)];
+    // (a job's chunks, stored together, are pushed in a row: the map is asked once for them)
+    if (major(rank) != cached_major_) {
+      cached_major_ = major(rank);
+      cached_stack_ = &stacks_[cached_major_];
+    }
+    std::vector<Entry>& stack = *cached_stack_;
     if (stack.empty() || Entry(rank, key) < stack.back()) {
       stack.emplace_back(rank, key);
       ++num_in_stacks_;
@@ -51,7 +57,10 @@ class LruOrder {
   // The smallest entry, taken out; false if there is none. Each place gives its own
   // smallest, and a stack of a smaller request rank holds only smaller ranks.
   bool pop_min(Entry& out) {
-    while (!stacks_.empty() && stacks_.begin()->second.empty()) stacks_.erase(stacks_.begin());
+    while (!stacks_.empty() && stacks_.begin()->second.empty()) {
+      if (stacks_.begin()->first == cached_major_) cached_major_ = kNone;
+      stacks_.erase(stacks_.begin());
+    }
     int source = -1;  // 0 heap, 1 stacks, 2 fresh
     if (!heap_.empty()) {
       source = 0;
@@ -84,12 +93,23 @@ class LruOrder {
     return true;
   }
 
+  // The key ``ahead`` entries above the back of the stack of the smallest request rank, or
+  // false (the victims come from there while an old request runs).
+  bool stack_ahead(size_t ahead, int64_t& key) const {
+    if (stacks_.empty()) return false;
+    const std::vector<Entry>& stack = stacks_.begin()->second;
+    if (stack.size() <= ahead) return false;
+    key = stack[stack.size() - 1 - ahead].second;
+    return true;
+  }
+
   // Request rank ``major`` finished and every chunk ranked under it was re-ranked: its
   // stack's entries are all stale.
   void drop(int64_t major) {
     const auto found = stacks_.find(major);
     if (found == stacks_.end()) return;
     num_in_stacks_ -= found->second.size();
+    if (major == cached_major_) cached_major_ = kNone;
     stacks_.erase(found);
   }
 
@@ -98,6 +118,7 @@ class LruOrder {
     heap_ = decltype(heap_)(std::greater<Entry>(), std::move(live));
     fresh_.clear();
     stacks_.clear();
+    cached_major_ = kNone;
     num_in_stacks_ = 0;
   }
 
@@ -108,6 +129,10 @@ class LruOrder {
   std::deque<Entry> fresh_;
   std::map<int64_t, std::vector<Entry>> stacks_;  // by request rank; smallest at the back
   size_t num_in_stacks_ = 0;
+  // push's last stack (std::map's nodes stay put until erased)
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+  int64_t cached_major_ = kNone;
+  std::vector<Entry>* cached_stack_ = nullptr;
 };
 
 }  // namespace kvsim

@@ -122,7 +122,7 @@ class OffloadConnector {
                     st.offload_keys.begin() + num_chunks);
     job.gpu_block_ids.assign(table.begin() + first_block, table.begin() + num_gpu_blocks);
     st.next_stored_chunk = num_chunks;
-    tier.prepare_load(seq_id, job.keys.data(), job.keys.size());
+    tier.prepare_load_at(seq_id, size_t(first_block / bpc_), job.keys.size());
     batch_loads_.push_back(job.job_id);
     st.transfer_jobs.push_back(job.job_id);
     num_loaded_chunks += int64_t(job.keys.size());
@@ -318,8 +318,8 @@ class OffloadConnector {
     const std::vector<int64_t>& hashes = pool.block_keys(h, int32_t(num_chunks * bpc_));
     const int64_t first = int64_t(keys.size());
     for (int64_t i = first; i < num_chunks; ++i) keys.push_back(hashes[size_t((i + 1) * bpc_ - 1)]);
-    tier.add_positions(seq_id, keys.data() + first, size_t(num_chunks - first),
-                       (first + 1) * tpc_, tpc_);
+    tier.add_positions_at(seq_id, size_t(first), keys.data() + first, size_t(num_chunks - first),
+                          (first + 1) * tpc_, tpc_);
   }
 
   // _max_chunks
@@ -346,7 +346,8 @@ class OffloadConnector {
     if (num_chunks <= start) return -1;
     const int64_t* offered = st.offload_keys.data() + start;
     const size_t num_offered = size_t(num_chunks - start);
-    if (!tier.prepare_store(s.seq_id, offered, num_offered, to_store_, evicted_)) return -1;
+    if (!tier.prepare_store_at(s.seq_id, size_t(start), num_offered, to_store_, evicted_))
+      return -1;
     st.next_stored_chunk = num_chunks;
     batch_evicted_.insert(batch_evicted_.end(), evicted_.begin(), evicted_.end());
     if (to_store_.empty()) return -1;
