@@ -53,15 +53,27 @@ cdef class ExplodeCursor:
         self.hashes = np.ascontiguousarray(
             block_hashes if self.keyed else np.zeros(0, dtype=np.int64), dtype=np.int64
         )
-        counts_np = np.asarray(self.counts)
-        if (counts_np < 0).any() or int(counts_np.sum()) != self.blocks.shape[0]:
+        # One pass over the events checks the counts and sums the rows and keys (numpy's
+        # isin, boolean mask and sums took ~0.9 ms per 65,536-event chunk, 19 ms of the whole
+        # Azure conversation trace's writer thread; this loop ~1 ms)
+        cdef Py_ssize_t i, n = self.counts.shape[0], blocks_total = 0, rows = 0, need = 0
+        cdef int32_t m
+        cdef bint negative = False
+        with nogil:
+            for i in range(n):
+                m = self.counts[i]
+                if m < 0:
+                    negative = True
+                    break
+                blocks_total += m
+                rows += m if m > 0 else 1
+                if self.kind[i] == _CACHE or self.kind[i] == _EVICT:
+                    need += m
+        if negative or blocks_total != self.blocks.shape[0]:
             raise ValueError(f"num_blocks must sum to the {self.blocks.shape[0]} block ids")
-        self.rows = int(np.maximum(counts_np, 1).sum())
-        if self.keyed:
-            hashed = np.isin(np.asarray(self.kind), (_CACHE, _EVICT))
-            need = int(counts_np[hashed].sum())
-            if need != self.hashes.shape[0]:
-                raise ValueError(f"{self.hashes.shape[0]} block keys for {need} CACHE/EVICT blocks")
+        self.rows = rows
+        if self.keyed and need != self.hashes.shape[0]:
+            raise ValueError(f"{self.hashes.shape[0]} block keys for {need} CACHE/EVICT blocks")
         self.done_rows = self.i = self.j = self.b = self.h = 0
 
     @property
