@@ -54,8 +54,8 @@ cdef class ExplodeCursor:
             block_hashes if self.keyed else np.zeros(0, dtype=np.int64), dtype=np.int64
         )
         # One pass over the events checks the counts and sums the rows and keys (numpy's
-        # isin, boolean mask and sums took ~0.9 ms per 65,536-event chunk, 19 ms of the whole
-        # Azure conversation trace's writer thread; this loop ~1 ms)
+        # isin, boolean mask and sums took ~0.9 ms per 65,536-event chunk: the cursors of the
+        # whole Azure conversation trace's 20 chunks 19 -> 4 ms of the writer thread)
         cdef Py_ssize_t i, n = self.counts.shape[0], blocks_total = 0, rows = 0, need = 0
         cdef int32_t m
         cdef bint negative = False
