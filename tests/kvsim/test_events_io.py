@@ -125,3 +125,33 @@ def test_a_run_may_leave_its_events_file_to_be_finished(tmp_path: Path) -> None:
     later.finish_events()
     later.finish_events()
     assert (tmp_path / "later.parquet").read_bytes() == (tmp_path / "waited.parquet").read_bytes()
+
+
+def test_the_file_is_encoded_per_column_as_events_encoding_says(tmp_path: Path) -> None:
+    """Each column's codec and encoding are events_encoding's (chosen for the writer's CPU),
+    with no statistics, and the file reads back as the rows it was given."""
+    path = tmp_path / "events.parquet"
+    writer = EventsParquetWriter(path, block_hashes=True)
+    cache = int(EventKind.CACHE)
+    cols = {
+        "time_s": np.array([0.0, 0.5]), "step": np.array([1, 2], np.int32),
+        "kind": np.array([int(EventKind.ALLOCATE), cache], np.int8),
+        "seq_id": np.array([0, 0], np.int32), "free_blocks": np.array([8, 8], np.int32),
+        "num_tokens": np.array([32, 0], np.int32), "num_blocks": np.array([2, 2], np.int32),
+    }  # fmt: skip
+    writer.write_chunk(cols, np.array([3, 4, 3, 4], np.int32), np.array([-7, 1 << 62]))
+    writer.close()
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    columns = {c.path_in_schema: c for c in map(group.column, range(group.num_columns))}
+    assert {name: column.compression for name, column in columns.items()} == {
+        "time_s": "LZ4", "step": "LZ4", "kind": "UNCOMPRESSED", "seq_id": "LZ4",
+        "block_id": "UNCOMPRESSED", "free_blocks": "LZ4", "num_tokens": "LZ4",
+        "block_hash": "SNAPPY",
+    }  # fmt: skip
+    assert "RLE_DICTIONARY" in columns["kind"].encodings
+    assert "DELTA_BINARY_PACKED" in columns["block_id"].encodings
+    assert not any(column.is_stats_set for column in columns.values())
+    got = pd.read_parquet(path)
+    assert got["block_hash"].tolist() == [0, 0, -7, 1 << 62]
+    assert got["block_id"].tolist() == [3, 4, 3, 4]
+    assert got["kind"].astype(str).tolist() == ["ALLOCATE"] * 2 + ["CACHE"] * 2

@@ -51,6 +51,11 @@ def test_mismatched_blocks_and_keys_are_refused() -> None:
         core.explode_events(cols, block_ids[:-1])
     with pytest.raises(ValueError, match="block keys"):
         core.explode_events(cols, block_ids, hashes[:-1])
+    negative = {**cols, "num_blocks": cols["num_blocks"].copy()}
+    negative["num_blocks"][:2] += np.array([-1, 1], dtype=np.int32) - negative["num_blocks"][:2]
+    negative["num_blocks"][2] += int(cols["num_blocks"][:2].sum())  # the same sum, one below 0
+    with pytest.raises(ValueError, match="sum to"):
+        core.explode_events(negative, block_ids)
 
 
 @pytest.mark.parametrize("seed", range(6))

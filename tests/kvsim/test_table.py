@@ -117,6 +117,9 @@ def test_the_builders_keep_values_nulls_and_types() -> None:
     kinds = dictionary_array(np.array([1, 0, 1]), ["a", "b"])
     assert kinds.type == pa.dictionary(pa.int8(), pa.string())
     assert kinds.to_pylist() == ["b", "a", "b"]
+    for outside in (2, -1):  # a code without a label is refused, not written
+        with pytest.raises(ValueError, match="outside"):
+            dictionary_array(np.array([0, outside]), ["a", "b"])
     with pytest.raises(TypeError, match="integers or floats"):
         numeric_array(np.array(["x"], dtype=object))
 
