@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
+
+import pytest
 
 # kvsim's rich consoles (kvsim/commands/console.py) are made at import, and a Console made while
 # COLUMNS is set keeps that width for good; the CLI tests then could not widen it with
@@ -31,3 +34,27 @@ def pytest_configure(config: object) -> None:
     settings.register_profile("kvsim-default", derandomize=True)
     settings.register_profile("kvsim-slow", derandomize=False)
     settings.load_profile("kvsim-slow" if exploring else "kvsim-default")
+
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """After a test's fixtures are torn down (its monkeypatched environment restored),
+    engine.compiled's cached answer must agree with the environment: a test that forced the
+    pure-Python path (KVSIM_PURE_PYTHON=1) and left the cached "pure" answer behind made every
+    later CLI test in that worker print the pure-Python notice (two stderr lines where one is
+    expected). Such a test errors here, and the cache is cleared for the next."""
+    yield
+    import engine.compiled
+
+    if os.environ.get(engine.compiled.PURE_PYTHON_ENV) == "1":
+        return
+    if engine.compiled._load.cache_info().currsize == 0:
+        return
+    reason = engine.compiled.unavailable_reason()
+    if reason is not None and reason.startswith(engine.compiled.PURE_PYTHON_ENV):
+        engine.compiled.cache_clear()
+        raise AssertionError(
+            f"{item.nodeid} left engine.compiled's cached pure-Python answer behind once "
+            "KVSIM_PURE_PYTHON was restored: call engine.compiled.cache_clear() after the run"
+        )
