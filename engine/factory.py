@@ -25,7 +25,6 @@ from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import SchedulerConfig
 from engine.fast.decode import FastDecodeScheduler
 from engine.fast.fast_v1 import FastV1Scheduler
-from engine.v1.offloading_scheduler import OffloadingV1Scheduler
 from engine.v1.scheduler import V1Scheduler
 
 _CLASSES: dict[tuple[str, bool], type[Scheduler]] = {
@@ -58,6 +57,11 @@ def make_scheduler(
     if kwargs.get("offload") is not None:
         if config.scheduler != "v1" or fast:
             raise SchedulerError("KV offloading runs on the readable v1 scheduler only")
+        # imported here: a run without a CPU tier never loads the offload tier's modules
+        # (engine.offload's manager, policies, connector and secondary tiers: ~15 ms of
+        # every `kvsim run`'s start)
+        from engine.v1.offloading_scheduler import OffloadingV1Scheduler
+
         return OffloadingV1Scheduler(config, block_manager, event_sink, **kwargs)
     kwargs.pop("offload", None)
     return scheduler_class(config, fast=fast)(config, block_manager, event_sink, **kwargs)

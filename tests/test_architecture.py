@@ -280,6 +280,22 @@ def test_the_cli_starts_without_the_heavy_libraries() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_help_does_not_load_the_compiled_core() -> None:
+    """`kvsim --help` imports every command's module but loads no extension (issue 26);
+    `kvsim run` loads it once, on its first ``engine.compiled.load()`` (cached)."""
+    code = (
+        "import sys\n"
+        "from kvsim.cli import main\n"
+        "sys.argv = ['kvsim', '--help']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith('engine.compiled')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert "engine.compiled._core" not in out.stdout.strip().splitlines()[-1], out.stdout
+
+
 def test_a_cost_mode_run_without_plots_imports_no_pandas(tmp_path: Path) -> None:
     """`kvsim run --no-plots` computes its tables on numpy columns and writes them through
     pyarrow (kvsim.analysis.table): importing pandas would cost it 0.3-0.5 s of its 1.0 s
@@ -305,13 +321,23 @@ def test_a_cost_mode_run_without_plots_imports_no_pandas(tmp_path: Path) -> None
         "print(sorted(m for m in sys.modules if m.startswith('kvsim.commands.') and m not in "
         "('kvsim.commands.run', 'kvsim.commands.console', 'kvsim.commands.options', "
         "'kvsim.commands.summary')))\n"
-        "print(sorted({'numpy.ma', 'secrets', 'rich.progress'} & set(sys.modules)))"
+        "print(sorted({'numpy.ma', 'secrets', 'rich.progress'} & set(sys.modules)))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('engine.offload.', "
+        "'engine.v1.offloading', 'kvsim.sim.compiled_offload')) and m not in "
+        "('engine.offload.transfer', 'engine.offload.worker')))\n"
+        "print('engine.compiled._core' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    heavy, other_commands, lazy = out.stdout.strip().splitlines()[-3:]
+    heavy, other_commands, lazy, offload, core = out.stdout.strip().splitlines()[-5:]
     assert heavy == "[]", out.stdout
+    # a run without a CPU tier loads none of the tier's modules (~15 ms of its start)
+    assert offload == "[]", out.stdout
+    import engine.compiled
+
+    # the compiled core, where built (and not KVSIM_PURE_PYTHON=1), runs it
+    assert core == str(engine.compiled.load() is not None), out.stdout
     assert other_commands == "[]", out.stdout  # only `run`'s module is loaded (kvsim.cli)
     assert lazy == "[]", out.stdout
     assert (tmp_path / "run" / "requests.parquet").is_file()

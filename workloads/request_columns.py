@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, overload
 
 import numpy as np
@@ -38,21 +40,67 @@ def _has_extras(request: Request) -> bool:
     )
 
 
+# Request's slots' own setters: a frozen dataclass refuses setattr, and these skip
+# object.__setattr__'s lookup by name; bound as default arguments, they are locals (19,366
+# requests, best of 9, two runs: object.__setattr__ 14.2 / 15.4 ms, these 9.0 / 11.8 ms;
+# Request(...) with its checks 28.4 / 19.6 ms).
+_SET_ID, _SET_ARRIVAL, _SET_PROMPT, _SET_OUTPUT, _SET_HASH, _SET_SESSION, _SET_CANCEL, _SET_PRIO = (
+    getattr(Request, name).__set__
+    for name in (
+        "request_id",
+        "arrival_time_s",
+        "prompt_tokens",
+        "output_tokens",
+        "hash_ids",
+        "session_id",
+        "cancel_after_s",
+        "priority",
+    )
+)
+
+
 def _unchecked_request(
-    request_id: str, arrival_time_s: float, prompt_tokens: int, output_tokens: int, priority: int
+    request_id: str,
+    arrival_time_s: float,
+    prompt_tokens: int,
+    output_tokens: int,
+    priority: int,
+    _new: Any = object.__new__,
+    _set_id: Any = _SET_ID,
+    _set_arrival: Any = _SET_ARRIVAL,
+    _set_prompt: Any = _SET_PROMPT,
+    _set_output: Any = _SET_OUTPUT,
+    _set_hash: Any = _SET_HASH,
+    _set_session: Any = _SET_SESSION,
+    _set_cancel: Any = _SET_CANCEL,
+    _set_priority: Any = _SET_PRIO,
 ) -> Request:
     """A Request of values taken from a checked one (its checks would pass again)."""
-    request = object.__new__(Request)
-    set_field = object.__setattr__
-    set_field(request, "request_id", request_id)
-    set_field(request, "arrival_time_s", arrival_time_s)
-    set_field(request, "prompt_tokens", prompt_tokens)
-    set_field(request, "output_tokens", output_tokens)
-    set_field(request, "hash_ids", None)
-    set_field(request, "session_id", None)
-    set_field(request, "cancel_after_s", None)
-    set_field(request, "priority", priority)
+    request: Request = _new(Request)
+    _set_id(request, request_id)
+    _set_arrival(request, arrival_time_s)
+    _set_prompt(request, prompt_tokens)
+    _set_output(request, output_tokens)
+    _set_hash(request, None)
+    _set_session(request, None)
+    _set_cancel(request, None)
+    _set_priority(request, priority)
     return request
+
+
+def unchecked_requests(
+    request_ids: list[str],
+    arrival_time_s: list[float],
+    prompt_tokens: list[int],
+    output_tokens: list[int],
+) -> list[Request]:
+    """Requests of priority 0 and no optional field, of values that passed Request's checks
+    (workloads/formats/plain_records.py checks a batch of them at once)."""
+    return list(
+        map(
+            _unchecked_request, request_ids, arrival_time_s, prompt_tokens, output_tokens, repeat(0)
+        )
+    )
 
 
 class RequestColumns(Sequence[Request]):
@@ -188,6 +236,22 @@ class RequestColumnsBuilder:
         a["output_tokens"].append(request.output_tokens)
         a["priority"].append(request.priority)
 
+    def extend_plain(
+        self,
+        request_ids: list[str],
+        arrival_time_s: np.ndarray,
+        prompt_tokens: list[int],
+        output_tokens: list[int],
+    ) -> None:
+        """Append checked requests of priority 0 without an optional field, as columns:
+        ``arrival_time_s`` float64, the token counts within int64."""
+        self._ids.extend(request_ids)
+        a = self._arrays
+        a["arrival_time_s"].frombytes(np.ascontiguousarray(arrival_time_s, np.float64).tobytes())
+        a["prompt_tokens"].extend(prompt_tokens)
+        a["output_tokens"].extend(output_tokens)
+        a["priority"].frombytes(bytes(8 * len(request_ids)))
+
     def build(self) -> RequestColumns:
         columns = {
             name: np.frombuffer(self._arrays[name], dtype=dtype).copy()
@@ -196,20 +260,24 @@ class RequestColumnsBuilder:
         return RequestColumns(self._ids, columns, self._extras)
 
 
+_REQUEST_ID = attrgetter("request_id")
+
+
 def request_column(requests: Sequence[Request], name: str) -> np.ndarray:
     """Column ``name`` of ``ARRAY_COLUMNS`` of ``requests`` (a RequestColumns' own array, or
     one read off the Request objects), in ``ARRAY_COLUMNS``' dtype."""
     dtype = ARRAY_COLUMNS[name]
     if isinstance(requests, RequestColumns):
         return requests.columns[name]
-    return np.fromiter((getattr(r, name) for r in requests), dtype, len(requests))
+    # map(attrgetter) loops in C (19,366 requests, four columns: 2.5 -> 1.9 ms)
+    return np.fromiter(map(attrgetter(name), requests), dtype, len(requests))
 
 
 def request_ids(requests: Sequence[Request]) -> list[str]:
     """The requests' ids, in order."""
     if isinstance(requests, RequestColumns):
         return requests.request_ids
-    return [r.request_id for r in requests]
+    return list(map(_REQUEST_ID, requests))
 
 
 def plain_requests(requests: Sequence[Request]) -> bool:

@@ -24,7 +24,7 @@ from kvsim.analysis.load import (
     weighted_distribution,
 )
 from kvsim.analysis.prefix_metrics import Admissions, request_columns
-from kvsim.analysis.table import Table, TableLike, column, is_label
+from kvsim.analysis.table import Table, TableLike, column, is_any, is_label
 from kvsim.sim.records import SimResult
 from workloads.request_columns import request_column, request_ids
 
@@ -50,7 +50,7 @@ def events_frame(result: SimResult, *, block_hashes: bool = False) -> pd.DataFra
 def mark_events(result: SimResult) -> Table:
     """PREEMPT and REJECT events (time_s, kind, seq_id, free_blocks): the plots' markers."""
     cols, _ = result.recorder.columns()
-    keep = np.isin(cols["kind"], (EventKind.PREEMPT, EventKind.REJECT))
+    keep = is_any(cols["kind"], (EventKind.PREEMPT, EventKind.REJECT))
     return Table(
         {
             "time_s": cols["time_s"][keep],
@@ -126,7 +126,7 @@ def requests_table(result: SimResult, steps: Table, admissions: Admissions | Non
         # v1 records the step that completes each prompt: a chunked prompt's first token
         # comes with its last chunk (the admission step's end is only its first chunk's)
         first_token = first_per_seq(is_first, t, np.nan)
-    end_mask = np.isin(kind, list(STATUS_BY_END_KIND))
+    end_mask = is_any(kind, list(STATUS_BY_END_KIND))
     finish_time = first_per_seq(end_mask, t, np.nan)
     # The admit step's token exists only if the request was still there when the step
     # ended: not when it was aborted mid-step, nor when the run stopped (--until) first.

@@ -29,7 +29,6 @@ from kvsim.costmodel import (
 )
 from kvsim.sim.allocators import build_allocator
 from kvsim.sim.compiled_classic import compiled_simulation_class
-from kvsim.sim.compiled_offload import CompiledOffloadSimulation, compiled_offload_applies
 from kvsim.sim.compiled_v1 import CompiledV1Simulation
 from kvsim.sim.engine_config import key_source_of, prefix_source_of, scheduler_config
 from kvsim.sim.engine_mode import (
@@ -300,8 +299,14 @@ def simulate(
         )  # fmt: skip
         if offload is None:  # the v1 or the classic core (kvsim/sim/compiled_classic.py)
             compiled_class = compiled_simulation_class(scheduler, executor, config.fast_decode)
-        elif compiled_offload_applies(scheduler, executor, config.fast_decode, offload):
-            compiled_class = CompiledOffloadSimulation  # kvsim/sim/compiled_offload.py
+        else:  # a run without a CPU tier does not import it (kvsim.sim.offload_setup)
+            from kvsim.sim.compiled_offload import (
+                CompiledOffloadSimulation,
+                compiled_offload_applies,
+            )
+
+            if compiled_offload_applies(scheduler, executor, config.fast_decode, offload):
+                compiled_class = CompiledOffloadSimulation  # kvsim/sim/compiled_offload.py
     compiled = compiled_class is not None
     prefix_of = None
     if placeholder_tokens and config.caches_prefixes():

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 def load_workload(config: RunConfig) -> tuple[Path, Trace]:
     """The trace named by ``config.trace`` (a path or a shipped name), rescaled as asked."""
     path = resolve_trace(config.trace)
-    trace = load_trace(path)
+    # as columns: a run reads the requests' columns (kvsim/sim/core_clock.py, the metrics),
+    # never each Request (the whole Azure conversation trace: see docs/compiled.md)
+    trace = load_trace(path, columns=True)
     if config.rate is not None:
         trace = rescale_to_rate(trace, config.rate)
     elif config.time_scale is not None:

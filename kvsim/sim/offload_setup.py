@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.offload.connector import OffloadConfig
-from engine.offload.secondary_tier import SecondaryTierConfig
 from engine.offload.transfer import make_transfer_link
 from engine.offload.worker import OffloadWorker
 from kvsim.config import RunConfig, offload_plan
@@ -21,6 +19,9 @@ from kvsim.costmodel.offload import (
     plan_secondary_tiers,
 )
 from kvsim.option_spec import ConfigError
+
+if TYPE_CHECKING:
+    from engine.offload.connector import OffloadConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,11 @@ def build_offload(config: RunConfig, cost_model: CostModel) -> OffloadSetup | No
         raise ConfigError("--kv-offloading-size needs --scheduler v1 (vLLM's offloading connector)")
     if config.replicas > 1:
         raise ConfigError("--kv-offloading-size is not supported with --replicas > 1 yet")
+    # imported here, as the scheduler that takes them (engine.factory): a run without a CPU
+    # tier never loads the tier's connector, manager, policies or secondary tiers
+    from engine.offload.connector import OffloadConfig
+    from engine.offload.secondary_tier import SecondaryTierConfig
+
     if config.kv_offload_tier is None:
         engine_config = OffloadConfig(
             num_chunks=plan.num_chunks, blocks_per_chunk=plan.blocks_per_chunk, policy=plan.policy

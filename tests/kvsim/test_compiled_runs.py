@@ -13,6 +13,7 @@ import engine.compiled
 from kvsim.config import RunConfig
 from kvsim.outputs.run_folder import write_run
 from kvsim.runner import run
+from kvsim.runner.resolve import load_workload
 from kvsim.sim.compiled_v1 import CompiledV1Simulation
 from workloads import Request, Trace, load_trace, resolve_trace, save_trace
 from workloads.formats import jsonl
@@ -223,10 +224,15 @@ def test_offload_runs_on_the_compiled_tier_match_python(
 def test_traces_held_as_columns_run_as_lists(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A long trace's requests come as columns (workloads/request_columns.py): both paths
-    run them as they run the same requests in a list."""
+    """A run's JSON Lines trace comes as columns (workloads/request_columns.py, and
+    kvsim.runner.resolve asks for them whatever the trace's length): both paths run them as
+    they run the same requests in a list (a JSON document's, which has no columns)."""
     config = RunConfig(trace=name, num_blocks=600)
-    as_list = run(config)
+    document = tmp_path / f"{name}.json"
+    save_trace(load_trace(resolve_trace(name)), document)
+    assert isinstance(load_workload(config.replace(trace=str(document)))[1].requests, list)
+    as_list = run(config.replace(trace=str(document)))
+    assert isinstance(load_workload(config)[1].requests, RequestColumns)
     monkeypatch.setattr(jsonl, "COLUMNS_FROM_REQUESTS", 0)  # every trace as columns
     assert isinstance(load_trace(resolve_trace(name)).requests, RequestColumns)
     run_both(config, tmp_path, monkeypatch)

@@ -4,6 +4,7 @@ crash between renames and a killed writer leave nothing lost and nothing of kvsi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -446,3 +447,37 @@ def test_without_an_atomic_swap_the_replacement_is_still_complete(
     assert run_into(earlier_run, "--force", "--num-blocks", "500").exit_code == 0
     assert json.loads((earlier_run / "summary.json").read_text())["num_blocks"] == 500
     assert _names(earlier_run.parent) == ["r"]
+
+
+def test_a_settled_file_is_hashed_once_and_again_once_changed(
+    earlier_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--force checks the earlier folder three times; a file left alone for a while is hashed
+    once (kvsim/atomic/manifest.py's digests by identity and times), and any write to it
+    after, even one that keeps its size and puts its mtime back, changes its ctime: hashed
+    again, and refused."""
+    from kvsim.atomic import manifest
+
+    monkeypatch.setattr(manifest, "_SETTLED_NS", 0)  # every file counts as settled
+    monkeypatch.setattr(manifest, "_DIGESTS", {})
+    summary = earlier_run / "summary.json"
+    digest = manifest.file_digest(summary)
+    assert digest in manifest._DIGESTS.values()
+    hashed: list[str] = []
+    sha256 = hashlib.sha256
+
+    def counted() -> hashlib._Hash:
+        hashed.append("read")
+        return sha256()
+
+    monkeypatch.setattr(hashlib, "sha256", counted)
+    assert manifest.file_digest(summary) == digest and not hashed  # known: not read again
+    before = os.stat(summary)
+    text = summary.read_bytes()
+    time.sleep(0.01)  # a ctime tick on coarse file systems' clocks
+    summary.write_bytes(text.replace(b"0", b"1", 1))
+    os.utime(summary, ns=(before.st_atime_ns, before.st_mtime_ns))
+    monkeypatch.undo()
+    monkeypatch.setattr(manifest, "_SETTLED_NS", 0)
+    assert manifest.file_digest(summary) != digest
+    one_error_line(run_into(earlier_run, "--force"), "summary.json", "changed since")

@@ -103,3 +103,13 @@ def test_shipped_traces_as_columns(name: str, monkeypatch: pytest.MonkeyPatch) -
     as_columns = load_trace(resolve_trace(name))
     assert isinstance(as_columns.requests, RequestColumns)
     assert as_columns == as_list
+
+
+def test_load_trace_as_columns_on_request() -> None:
+    """load_trace(columns=True), as a run loads its trace (kvsim.runner.resolve): the same
+    requests, never built one by one (a JSON Lines trace; other formats give a list)."""
+    path = resolve_trace("azure_llm_2023_conv_first_2min")
+    as_list = load_trace(path)
+    as_columns = load_trace(path, columns=True)
+    assert isinstance(as_list.requests, list)
+    assert isinstance(as_columns.requests, RequestColumns) and as_columns == as_list

@@ -40,8 +40,11 @@ def _suffix(path: str | Path) -> str:
     return suffix
 
 
-def load_trace(path: str | Path) -> Trace:
+def load_trace(path: str | Path, *, columns: bool = False) -> Trace:
     """Load a kvsim trace, choosing the format by extension (.json, .jsonl, .csv).
+    ``columns``: a JSON Lines trace's requests held as columns however few they are
+    (workloads/request_columns.py; past 65,536 they always are), for a caller that reads
+    whole columns, as a run does: its Requests are never built.
 
     Raises:
         TraceFormatError: the file breaks a rule (message ``file:line: reason``), or cannot be
@@ -50,7 +53,7 @@ def load_trace(path: str | Path) -> Trace:
     """
     loader = _LOADERS[_suffix(path)]
     with gc_paused():
-        return loader(path)
+        return load_jsonl(path, columns=True) if columns and loader is load_jsonl else loader(path)
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from workloads.errors import TraceFormatError, int_or_oversized
+from workloads.formats.plain_records import plain_batch
 from workloads.formats.records import (
     VERSION_KEY,
     DuplicateTracker,
@@ -22,7 +24,7 @@ from workloads.formats.records import (
 from workloads.formats.textio import _BOM, atomic_text_writer, iter_lines, open_regular
 from workloads.limits import MAX_LINE_BYTES
 from workloads.request import Request, Trace
-from workloads.request_columns import RequestColumns, RequestColumnsBuilder
+from workloads.request_columns import RequestColumns, RequestColumnsBuilder, unchecked_requests
 
 _DECODER = json.JSONDecoder()  # stateless; skips json.loads' per-call argument handling
 # Only after _DECODER failed on an integer too long for int() (a rare error path, so the hot
@@ -180,13 +182,45 @@ class _Records:
         self.duplicates.check(request.request_id, where, "line")
         self.requests.append(request)
 
+    def take_block(self, text: str, lines: list[str], objs: list[Any], first: int) -> None:
+        """The decoded ``objs`` of ``lines`` (all of ``text``'s non-blank lines, the first
+        numbered ``first``): a plain batch at once where it is one (no key given twice: as
+        many ``:`` in ``text`` as keys), else record by record. Raises an unlocated
+        TraceFormatError."""
+        start = 0
+        if objs and not self.seen_content:  # the metadata line, if any, is the first
+            self.take(lines[0], objs[0], first)
+            start = 1
+        batch = None
+        if len(objs) > start and text.count(":") == sum(map(len, objs)):
+            batch = plain_batch(objs[start:] if start else objs)
+        if batch is None:
+            for index in range(start, len(objs)):
+                self.take(lines[index], objs[index], first + index)
+                objs[index] = None  # its Request holds what is kept of it
+            return
+        objs.clear()  # the batch holds what is kept of them
+        if isinstance(self.requests, RequestColumnsBuilder):
+            self.requests.extend_plain(
+                batch.request_ids, batch.arrival_time_s, batch.prompt_tokens, batch.output_tokens
+            )
+        else:
+            self.requests.extend(
+                unchecked_requests(
+                    batch.request_ids,
+                    batch.arrival_time_s.tolist(),
+                    batch.prompt_tokens,
+                    batch.output_tokens,
+                )
+            )
 
-def load_jsonl(path: str | Path) -> Trace:
-    """Read a JSON Lines trace; blank lines are skipped. A file of up to
-    ``_AT_ONCE_MAX_BYTES`` is first read at once (``_load_at_once``); a larger one, or
-    one that reading at once finds anything wrong with, line by line (which names the line
-    and column of what is wrong)."""
-    trace = _load_at_once(path)
+
+def load_jsonl(path: str | Path, columns: bool = False) -> Trace:
+    """Read a JSON Lines trace; blank lines are skipped. The file is first read in blocks
+    (``_load_in_blocks``: one block up to ``_AT_ONCE_MAX_BYTES``); where that finds anything
+    wrong, line by line (which names the line and column of what is wrong). ``columns``:
+    hold the requests as columns however few they are (else past COLUMNS_FROM_REQUESTS)."""
+    trace = _load_in_blocks(path, columns=columns)
     return trace if trace is not None else _load_by_line(path)
 
 
@@ -209,38 +243,114 @@ def _load_by_line(path: str | Path) -> Trace:
 
 
 # Traces of more requests than this are held as columns (workloads/request_columns.py), as is
-# any trace read line by line: the whole Azure conversation trace (19,366) stays a list.
+# any trace read in more than one block: the whole Azure conversation trace (19,366) stays a
+# list.
 COLUMNS_FROM_REQUESTS = 1 << 16
 
-# Read at once up to this size (the whole Azure conversation trace is 1.9 MB): a 1 M-request
-# trace is streamed, so that its text and lines are never all in memory.
+# Read at once up to this size (the whole Azure conversation trace is 1.9 MB); a larger file
+# in blocks of about _BLOCK_BYTES, so that a 1 M-request trace's text and decoded lines are
+# never all in memory.
 _AT_ONCE_MAX_BYTES = 64 << 20
+_BLOCK_BYTES = 4 << 20
 
 
 def _load_at_once(path: str | Path) -> Trace | None:
-    """The trace, read in one piece: every non-blank line decoded by one call of the JSON
+    """The trace read in one block, or None where the file is larger than
+    ``_AT_ONCE_MAX_BYTES`` or anything is off (see ``_load_in_blocks``)."""
+    return _load_in_blocks(path, at_once_only=True)
+
+
+def _load_in_blocks(
+    path: str | Path, at_once_only: bool = False, columns: bool = False
+) -> Trace | None:
+    """The trace, read in blocks of whole lines (the whole file if at most
+    ``_AT_ONCE_MAX_BYTES``, else about ``_BLOCK_BYTES`` each), each block's lines decoded by
+    one call of the JSON decoder (``_decoded_lines``) and its records checked a block at a
+    time where they are plain (``_Records.take_block``), record by record where not. None
+    wherever anything is off, for the line-by-line reader to find and name; with
+    ``at_once_only``, None for a file read in more than one block; ``columns`` as
+    ``load_jsonl``'s."""
+    try:
+        with open_regular(path) as file:
+            records = _Records()
+            if os.fstat(file.fileno()).st_size <= _AT_ONCE_MAX_BYTES:
+                data = file.read(_AT_ONCE_MAX_BYTES + 1)
+                if len(data) <= _AT_ONCE_MAX_BYTES:  # (the file may have grown since)
+                    columns_from = 0 if columns else COLUMNS_FROM_REQUESTS
+                    if _take_block(records, data, 0, True, columns_from) is None:
+                        return None
+                    return _finished(path, records)
+                file.seek(0)
+            if at_once_only:
+                return None
+            records = _Records(columns=True)
+            taken, rest, at_start = 0, b"", True
+            while True:
+                more = file.read(_BLOCK_BYTES)
+                data = rest + more
+                cut = data.rfind(b"\n") + 1 if more else len(data)
+                if cut == 0 and len(data) > MAX_LINE_BYTES:
+                    return None  # a line too long: the line-by-line reader says so
+                block, rest = data[:cut], data[cut:]
+                taken_now = _take_block(records, block, taken, at_start)
+                if taken_now is None:
+                    return None
+                taken += taken_now
+                at_start = at_start and not block
+                if not more:
+                    return _finished(path, records)
+    except (TraceFormatError, UnicodeDecodeError):
+        return None
+
+
+def _take_block(
+    records: _Records,
+    block: bytes,
+    taken: int,
+    at_start: bool,
+    columns_from: int | None = None,
+) -> int | None:
+    """Give ``records`` the lines of ``block`` (whole lines, after ``taken`` non-blank ones;
+    ``at_start``: the file's first bytes, where a BOM may be): how many non-blank lines it
+    held, or None where ``_decoded_lines`` cannot decode it; ``columns_from``: keep the
+    requests as columns if the block holds more lines. Raises an unlocated
+    TraceFormatError or UnicodeDecodeError."""
+    text = block.decode("utf-8")
+    if at_start and text.startswith(_BOM):  # line 1's only, as iter_lines strips it
+        text = text[1:]
+    decoded = _decoded_lines(text)
+    if decoded is None:
+        return None
+    lines, objs = decoded
+    if columns_from is not None and len(lines) > columns_from:
+        records.requests = RequestColumnsBuilder()
+    records.take_block(text, lines, objs, taken)
+    return len(lines)
+
+
+def _finished(path: str | Path, records: _Records) -> Trace | None:
+    if not records.seen_content:
+        return None  # an empty file: the line-by-line reader says so
+    try:
+        return build_trace(path, records.metadata, _built(records.requests))
+    except TraceFormatError:
+        return None
+
+
+def _decoded_lines(text: str) -> tuple[list[str], list[Any]] | None:
+    """The non-blank lines of ``text`` and their values, decoded by one call of the JSON
     decoder (as the elements of one array, joined by ",\n") instead of one call per line;
-    the whole Azure 2023 conversation trace 0.117 -> 0.100 s (medians of 9, in-process,
-    interleaved; the records' checks and Request objects are the rest). None wherever
-    anything is off, for the line-by-line reader to find and name.
+    None where that cannot be sure each line is one value.
 
     The lines are one record each, as the line-by-line reader requires, because every line
     begins with ``{`` and ends with ``}``, strings cannot span lines (the joined lines
     keep a newline between them, which a JSON string may not hold), there are as many
     values as lines, and no valid record holds an object (a value split across lines
     would): the records' own checks refuse anything else."""
-    try:
-        with open_regular(path) as file:
-            data = file.read(_AT_ONCE_MAX_BYTES + 1)
-        if len(data) > _AT_ONCE_MAX_BYTES:
-            return None
-        text = data.decode("utf-8")
-    except (TraceFormatError, UnicodeDecodeError):
-        return None
-    if text.startswith(_BOM):
-        text = text[1:]
-    lines = [line for line in text.split("\n") if line.strip()]
-    if not lines or max(map(len, lines)) > MAX_LINE_BYTES // 4:  # 4 bytes a character at most
+    lines = list(filter(str.strip, text.split("\n")))
+    if not lines:
+        return lines, []
+    if max(map(len, lines)) > MAX_LINE_BYTES // 4:  # 4 bytes a character at most
         return None
     for line in lines:
         stripped = line.strip(_JSON_SPACE)
@@ -252,14 +362,7 @@ def _load_at_once(path: str | Path) -> Trace | None:
         return None
     if len(objs) != len(lines):
         return None
-    records = _Records(columns=len(lines) > COLUMNS_FROM_REQUESTS)
-    try:
-        for index, (line, obj) in enumerate(zip(lines, objs, strict=True)):
-            records.take(line, obj, index)
-            objs[index] = None  # its Request holds what is kept of it
-        return build_trace(path, records.metadata, _built(records.requests))
-    except TraceFormatError:
-        return None
+    return lines, objs
 
 
 def _built(requests: list[Request] | RequestColumnsBuilder) -> list[Request] | RequestColumns:
