@@ -17,26 +17,10 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "offload_job.hpp"
 #include "offload_tier.hpp"
 
 namespace kvsim {
-
-// A load (tier -> GPU) or store (GPU -> tier) of one request (engine.core TransferJob).
-struct OffloadJob {
-  int64_t job_id = 0;
-  int64_t seq_id = 0;
-  bool is_store = false;
-  std::vector<int64_t> keys;           // the chunks it moves
-  std::vector<int32_t> gpu_block_ids;  // the GPU blocks it reads or writes
-};
-
-// What one schedule() hands the worker (ConnectorMeta): job ids into OffloadConnector::job.
-struct OffloadMeta {
-  std::vector<int64_t> load_jobs;
-  std::vector<int64_t> store_jobs;
-  std::unordered_set<int64_t> jobs_to_flush;
-  std::vector<int64_t> evicted_keys;
-};
 
 class OffloadConnector {
  public:
@@ -115,6 +99,7 @@ class OffloadConnector {
     const int64_t first_block = ceil_div(st.num_local_tokens, bs_);
     const int64_t num_chunks = ceil_div(num_cached, tpc_);
     OffloadJob job;
+    room_.reuse(job);
     job.job_id = next_job_id_++;
     job.seq_id = seq_id;
     job.is_store = false;
@@ -145,8 +130,12 @@ class OffloadConnector {
                                 const std::vector<int64_t>& preempted) {
     meta_.store_jobs.clear();
     meta_.jobs_to_flush.clear();
+    // (each scheduled request's state looked up once: a decode step schedules hundreds, and
+    // the second walk's look-ups were a third of build_meta's time in perf)
+    scheduled_states_.clear();
     for (const Scheduled& s : scheduled) {
       State& st = state(s.seq_id);
+      scheduled_states_.push_back(&st);
       if (st.next_stored_chunk < max_chunks(st, s.num_tokens))
         update_offload_keys(st, pool, s.handle, s.seq_id, s.num_tokens);
       const std::vector<int32_t>& table = pool.get(s.handle).table;
@@ -178,8 +167,9 @@ class OffloadConnector {
     for (const int64_t seq_id : finished_since_meta_)
       if (states_.count(seq_id)) finished_.push_back(seq_id);
     work_.clear();
-    for (const Scheduled& s : scheduled) {
-      const State& st = state(s.seq_id);
+    for (size_t k = 0; k < scheduled.size(); ++k) {
+      const Scheduled& s = scheduled[k];
+      const State& st = *scheduled_states_[k];  // (no erase since: states_' nodes stay put)
       if (st.next_stored_chunk < max_chunks(st, s.num_tokens)) work_.push_back(s);
     }
     for (const int64_t seq_id : finished_) work_.push_back(Scheduled{-1, seq_id, 0, 0, 0});
@@ -232,7 +222,7 @@ class OffloadConnector {
   // them (moved out of the connector).
   void update_connector_output(const std::vector<int64_t>& completed,
                                std::vector<OffloadJob>& done) {
-    done.clear();
+    recycle(done);
     for (const int64_t job_id : completed) {
       const auto found = jobs_.find(job_id);
       if (found == jobs_.end())
@@ -261,6 +251,9 @@ class OffloadConnector {
     }
   }
 
+  // Empty ``done`` (update_connector_output's last), its jobs' room kept (JobRoom).
+  void recycle(std::vector<OffloadJob>& done) { room_.recycle(done); }
+
   // The last build_meta's output.
   const OffloadMeta& meta() const { return meta_; }
   // has_job
@@ -283,6 +276,7 @@ class OffloadConnector {
   };
 
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 
   // _batch_allocated.update(blocks)
   template <class It>
@@ -352,10 +346,12 @@ class OffloadConnector {
     batch_evicted_.insert(batch_evicted_.end(), evicted_.begin(), evicted_.end());
     if (to_store_.empty()) return -1;
     OffloadJob job;
+    room_.reuse(job);
     job.job_id = next_job_id_++;
     job.seq_id = s.seq_id;
     job.is_store = true;
-    job.keys = to_store_;
+    job.keys.assign(to_store_.begin(), to_store_.end());
+    job.gpu_block_ids.reserve(to_store_.size() * size_t(bpc_));
     // to_store is the offered keys the tier did not hold, in their order: walk both
     size_t next = 0;
     for (size_t i = 0; i < num_offered && next < to_store_.size(); ++i) {
@@ -390,6 +386,8 @@ class OffloadConnector {
   OffloadMeta meta_;
   std::vector<int64_t> finished_, to_store_, evicted_;
   std::vector<Scheduled> work_;
+  std::vector<State*> scheduled_states_;  // build_meta's
+  JobRoom room_;  // finished jobs' columns, for new ones
 };
 
 }  // namespace kvsim

@@ -137,7 +137,11 @@ class V1Scheduler : public SchedulerBase<V1Scheduler, BlockPool, V1Request> {
   // done by this step (``done_jobs()`` gives them back, in the order given).
   const std::vector<FinishedRecord>& update(const std::vector<int64_t>& completed_jobs) {
     update();
-    done_jobs_.clear();
+    if (connector_) {
+      connector_->recycle(done_jobs_);  // (their columns' room for the next jobs)
+    } else {
+      done_jobs_.clear();
+    }
     if (connector_ && !completed_jobs.empty()) complete_jobs(completed_jobs);
     return finished_;
   }
