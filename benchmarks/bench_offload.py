@@ -9,7 +9,11 @@ readable CPU tier too. `kvsim run --no-plots`'s work without the CLI; llama-3.1-
 with a 30,000-block pool (the issue's setting).
 
     python benchmarks/bench_offload.py [--repeats 3] [--trace NAME] [--size GIB]
-        [--python-scheduler] [--python-tier]
+        [--python-scheduler] [--python-tier] [--processes]
+
+`--processes` adds the other reading of the bar: whole `kvsim run --no-plots` processes, as a
+user starts them (Python's start, the trace, events.parquet and the other files included),
+GPU-only and with the tier, in turns, wall and CPU (children's user + system) medians.
 
 The default trace is the first 1,000 requests of the Mooncake conversation trace (the whole
 trace takes minutes with offload on); `--trace mooncake_fast25_conversation` is the issue's.
@@ -18,7 +22,12 @@ trace takes minutes with offload on); `--trace mooncake_fast25_conversation` is 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +64,11 @@ def main() -> None:
         "--python-tier",
         action="store_true",
         help="also run offload on the readable scheduler and CPU tier",
+    )
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="also time whole `kvsim run --no-plots` processes, GPU-only and with the tier",
     )
     args = parser.parse_args()
     base = RunConfig(
@@ -113,6 +127,43 @@ def main() -> None:
     )
     for name, other in zip(list(medians)[2:], rest):
         print(f"  {name.strip()} / compiled core: {other / second:.1f}x")
+    if args.processes:
+        bench_processes(args.trace, args.size, args.repeats)
+
+
+def bench_processes(trace: str, size: float, repeats: int) -> None:
+    """Whole `kvsim run --no-plots` processes, GPU-only and with a ``size`` GiB CPU tier, in
+    turns: wall and CPU (user + system of the child) medians and their ratios."""
+    command = [sys.executable, "-c", "from kvsim.cli import main; main()", "run", trace,
+               "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--num-blocks", "30000",
+               "--max-model-len", "200000", "--allow-long-max-model-len", "--no-plots"]  # fmt: skip
+    runs = {"gpu only": [], f"cpu tier {size:g} GiB": ["--kv-offloading-size", f"{size:g}"]}
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in runs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            for name, extra in runs.items():
+                out = os.path.join(tmp, f"{len(walls[name])}-{i}-{len(extra)}")
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                start = time.perf_counter()
+                subprocess.run([*command, *extra, "--out", out], check=True,
+                               stdout=subprocess.DEVNULL)  # fmt: skip
+                walls[name].append(time.perf_counter() - start)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpus[name].append(
+                    after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                )
+    print(f"whole `kvsim run --no-plots` processes, medians of {repeats}")
+    wall = {name: statistics.median(v) for name, v in walls.items()}
+    cpu = {name: statistics.median(v) for name, v in cpus.items()}
+    for name in runs:
+        runs_text = ", ".join(f"{v:.2f}" for v in walls[name])
+        print(f"  {name:20s} {wall[name]:6.2f} s  (runs: {runs_text}; CPU {cpu[name]:.2f} s)")
+    (gpu_wall, tier_wall), (gpu_cpu, tier_cpu) = wall.values(), cpu.values()
+    print(
+        f"  offload / GPU only: {tier_wall / gpu_wall:.2f}x, CPU {tier_cpu / gpu_cpu:.2f}x"
+        " (bar, issue 29: <= 1.5x)"
+    )
 
 
 if __name__ == "__main__":
