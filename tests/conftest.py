@@ -36,7 +36,6 @@ def pytest_configure(config: object) -> None:
     settings.load_profile("kvsim-slow" if exploring else "kvsim-default")
 
 
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
     """After a test's fixtures are torn down (its monkeypatched environment restored),
