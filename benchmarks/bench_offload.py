@@ -33,11 +33,10 @@ from collections.abc import Callable
 from typing import Any
 
 import engine.offload.connector as connector_module
-import kvsim.runner.execute as execute_module
+import kvsim.sim.compiled_offload as compiled_offload_module
 from engine.offload.cpu_manager import make_cpu_tier
 from kvsim.config import RunConfig
 from kvsim.runner import run
-from kvsim.sim.compiled_offload import compiled_offload_applies
 
 
 def _tier_maker(compiled: bool | None) -> Callable[..., Any]:
@@ -90,6 +89,7 @@ def main() -> None:
         configs["  Python scheduler"] = (tier, False, None)
     if args.python_tier:
         configs["  + Python tier"] = (tier, False, False)
+    original_applies = compiled_offload_module.compiled_offload_applies
     walls: dict[str, list[float]] = {name: [] for name in configs}
     # CPU seconds of the process (all threads): on a machine shared with other jobs the wall
     # time also counts the time others had the cores
@@ -98,8 +98,9 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, (config, core, compiled) in configs.items():  # in turns: the speed drifts
             setattr(connector_module, "make_cpu_tier", _tier_maker(compiled))  # noqa: B010
-            applies = compiled_offload_applies if core else lambda *_args: False
-            setattr(execute_module, "compiled_offload_applies", applies)  # noqa: B010
+            # kvsim.runner.execute imports compiled_offload_applies at the call: set it there
+            applies = original_applies if core else lambda *_args: False
+            setattr(compiled_offload_module, "compiled_offload_applies", applies)  # noqa: B010
             start, cpu = time.perf_counter(), time.process_time()
             result = run(config, keep_events=False)
             walls[name].append(time.perf_counter() - start)

@@ -189,10 +189,11 @@ def test_offload_runs_on_the_compiled_tier_match_python(
     # as runs with secondary tiers take it (the compiled offloading scheduler is held to
     # Python by tests/kvsim/test_compiled_offload_runs.py).
     import engine.offload.connector as connector_module
-    import kvsim.runner.execute as execute_module
+    import kvsim.sim.compiled_offload as compiled_offload_module
     from engine.offload.cpu_manager import make_cpu_tier
 
-    monkeypatch.setattr(execute_module, "compiled_offload_applies", lambda *args: False)
+    # kvsim.runner.execute imports it at the call (a run without a tier does not import it)
+    monkeypatch.setattr(compiled_offload_module, "compiled_offload_applies", lambda *a: False)
 
     tiers: list[str] = []
 
