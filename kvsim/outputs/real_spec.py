@@ -168,6 +168,12 @@ def load_real_spec(spec: str) -> RealSpec:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RealSpecError(f"{name}: cannot read a JSON SPEC: {exc}") from exc
+    return real_spec_from_doc(doc, name)
+
+
+def real_spec_from_doc(doc: object, name: str) -> RealSpec:
+    """A SPEC from its parsed JSON document (a file of several SPECs holds them as objects);
+    ``name`` is where it came from, as errors and ``RealSpec.source`` name it."""
     top = {
         "format": str,
         "version": int,
