@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.atomic import atomic_write_bytes
+from kvsim.costmodel.custom_allreduce import CustomAllReduce, custom_from_json, custom_to_json
 from kvsim.costmodel.layer_shapes import ELEMENTWISE_OPS
 from kvsim.costmodel.specio import (
     CostModelError,
@@ -124,6 +125,8 @@ class AllReduceCoefficients:
 
     system: str
     by_num_workers: Mapping[int, tuple[AllReduceProtocol, ...]]
+    # A serving engine's own kernel below its size limits (a serving stack sets it); None: NCCL.
+    custom: CustomAllReduce | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +222,8 @@ def to_json_dict(co: StepCoefficients) -> dict[str, Any]:
                 str(w): [_flat(p) for p in protocols]
                 for w, protocols in sorted(co.allreduce.by_num_workers.items())
             },
+            # only where set: files without it stay as they were
+            **({"custom": custom_to_json(co.allreduce.custom)} if co.allreduce.custom else {}),
         },
         "overheads": _flat(co.overheads),
     }
@@ -308,7 +313,7 @@ def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> Step
     check_keys(attention, allowed=keys, required=keys, source=f"{source}: attention")
     allreduce = _object(data["allreduce"], f"{source}: allreduce")
     keys = ("system", "by_num_workers")
-    check_keys(allreduce, allowed=keys, required=keys, source=f"{source}: allreduce")
+    check_keys(allreduce, allowed=(*keys, "custom"), required=keys, source=f"{source}: allreduce")
     by_workers: dict[int, tuple[AllReduceProtocol, ...]] = {}
     for w, protocols in _object(
         allreduce["by_num_workers"], f"{source}: allreduce.by_num_workers"
@@ -348,6 +353,9 @@ def coefficients_from_json_dict(data: Mapping[str, object], source: str) -> Step
                 allreduce["system"], by_workers, provenances["allreduce"].profiles, source
             ),
             by_num_workers=by_workers,
+            custom=custom_from_json(allreduce["custom"], f"{source}: allreduce.custom")
+            if "custom" in allreduce
+            else None,
         ),
         overheads=_dataclass_from(Overheads, data["overheads"], f"{source}: overheads"),
         source=source,

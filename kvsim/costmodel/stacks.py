@@ -16,7 +16,10 @@ replaces what its engine does differently, by physical argument, never by a per-
   keeps the A100 kernel's wave structure and its 78% of peak bandwidth. vLLM 0.15 runs
   FlashAttention 3 on Hopper: one persistent launch whose thread blocks take work tiles as
   they free up (no per-wave cost) and stream K/V at the rate the same GPU's profiles measure
-  for streaming weights (the fitted GEMM's ``bw_efficiency``).
+  for streaming weights (the fitted GEMM's ``bw_efficiency``);
+- **all-reduce on Hopper**: the NCCL lines were profiled outside CUDA graphs. vLLM 0.15 runs
+  its own custom all-reduce kernel inside the step's graph for every message below a few MiB
+  (all of decode), and NCCL only above (kvsim/costmodel/custom_allreduce.py).
 """
 
 from __future__ import annotations
@@ -27,11 +30,18 @@ from pathlib import Path
 
 from kvsim.costmodel.coefficients import (
     STACK_DIR,
+    AllReduceCoefficients,
     Provenance,
     StepCoefficients,
     preset_coefficient_names,
     preset_coefficients,
     save_coefficients,
+)
+from kvsim.costmodel.custom_allreduce import (
+    KIB,
+    MIB,
+    CustomAllReduce,
+    CustomAllReduceLimits,
 )
 from kvsim.costmodel.specio import CostModelError
 
@@ -45,6 +55,38 @@ class ServingStack:
     step_overhead_s: float  # exposed GPU work per step outside the profiled operators
     seq_overhead_s: float  # exposed work per scheduled sequence per step (sampling row)
     persistent_decode_gpus: tuple[str, ...]  # GPUs whose decode attention runs persistent
+    custom_allreduce: CustomAllReduce | None  # the engine's own all-reduce kernel, if any
+    custom_allreduce_gpus: tuple[str, ...]  # GPUs it is priced on (published measurements)
+
+
+# vLLM 0.15's custom all-reduce on Hopper (compute capability 9.0), NVSwitch-connected GPUs:
+# - limits, from vLLM's source: custom_all_reduce.py (should_custom_ar: size < max_size, any
+#   world size when fully connected; max_size = min(CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][w],
+#   8 MiB default) with torch symmetric memory on, the default since vllm#24111: 8 MiB at 2 and
+#   4 GPUs, 512 KiB at 6, 256 KiB at 8); csrc/custom_all_reduce.cuh (one-shot always at 2
+#   GPUs, below 512 KiB at up to 4, below 256 KiB at up to 8; two-shot above).
+# - time constants: least squares on relative error (fit_custom_allreduce) over every H100 row
+#   vLLM's CUDA-graph microbenchmark (benchmarks/kernels/benchmark_device_communicators.py)
+#   published for the kernel: vllm#24111 (2, 4 and 6 GPUs) and vllm#24532 (4 GPUs), 0.5-4 MiB,
+#   at GPUSpec h100-sxm's 450 GB/s NVLink per direction; the rows and the fit are
+#   benchmarks/data/custom_allreduce_h100_published.json and
+#   benchmarks/fit_custom_allreduce.py (one-shot 4.2% MAPE, two-shot 9.5%).
+VLLM_0_15_HOPPER_ALLREDUCE = CustomAllReduce(
+    source="vLLM 0.15 custom all-reduce (csrc/custom_all_reduce.cuh) in a CUDA graph: limits "
+    "from vLLM's source (all_reduce_utils.py, compute capability 9.0, torch symmetric memory "
+    "on), constants fitted to vllm#24111 and vllm#24532's published H100 microbenchmarks "
+    "(docs/costmodel.md, All-reduce under vLLM 0.15)",
+    one_shot_latency_s=5.58334e-06,
+    one_shot_bw_efficiency=0.794842,
+    two_shot_latency_s=1.23261e-05,
+    two_shot_bw_efficiency=0.540661,
+    by_num_workers={
+        2: CustomAllReduceLimits(max_bytes=8 * MIB, one_shot_max_bytes=8 * MIB),
+        4: CustomAllReduceLimits(max_bytes=8 * MIB, one_shot_max_bytes=512 * KIB),
+        6: CustomAllReduceLimits(max_bytes=512 * KIB, one_shot_max_bytes=256 * KIB),
+        8: CustomAllReduceLimits(max_bytes=256 * KIB, one_shot_max_bytes=256 * KIB),
+    },
+)
 
 
 VLLM_0_15 = ServingStack(
@@ -54,6 +96,10 @@ VLLM_0_15 = ServingStack(
     step_overhead_s=200e-6,
     seq_overhead_s=2e-6,
     persistent_decode_gpus=("h100-sxm", "h200"),
+    custom_allreduce=VLLM_0_15_HOPPER_ALLREDUCE,
+    # H200: the same GH100 chip and NVLink 4 as the H100 (GPUSpec). The A100 runs the same
+    # kernel under vLLM, but no in-graph A100 measurement of it is published: its NCCL fit stays.
+    custom_allreduce_gpus=("h100-sxm", "h200"),
 )
 SERVING_STACKS = {VLLM_0_15.name: VLLM_0_15}
 
@@ -69,8 +115,9 @@ def resolve_stack(name: str) -> ServingStack:
 
 def apply_serving_stack(co: StepCoefficients, stack: ServingStack) -> StepCoefficients:
     """``co`` with ``stack``'s corrections: its overheads, and on the GPUs it names, decode
-    attention without per-wave cost, streaming K/V at the GEMM fit's bandwidth efficiency.
-    The provenance of each changed part says what changed and why."""
+    attention without per-wave cost, streaming K/V at the GEMM fit's bandwidth efficiency, and
+    the engine's custom all-reduce below its size limits. The provenance of each changed part
+    says what changed and why."""
     overheads = dataclasses.replace(
         co.overheads, step_overhead_s=stack.step_overhead_s, seq_overhead_s=stack.seq_overhead_s
     )
@@ -94,10 +141,26 @@ def apply_serving_stack(co: StepCoefficients, stack: ServingStack) -> StepCoeffi
             note="decode: persistent FlashAttention 3 kernel (no per-wave cost), K/V streamed "
             "at this GPU's fitted GEMM bw_efficiency; prefill as before",
         )
+    allreduce = co.allreduce
+    if co.gpu in stack.custom_allreduce_gpus and stack.custom_allreduce is not None:
+        allreduce = AllReduceCoefficients(
+            system=co.allreduce.system,
+            by_num_workers=co.allreduce.by_num_workers,
+            custom=stack.custom_allreduce,
+        )
+        before = co.provenance["allreduce"]
+        provenance["allreduce"] = Provenance(
+            kind="corrected",
+            source=f"{before.kind} from {before.source}; custom all-reduce of {stack.name}",
+            profiles=before.profiles,
+            note="below allreduce.custom's max_bytes the engine's own kernel in a CUDA graph "
+            "(allreduce.custom.source); at or above it the NCCL lines as profiled",
+        )
     return dataclasses.replace(
         co,
         overheads=overheads,
         decode_attention=decode,
+        allreduce=allreduce,
         provenance=provenance,
         source=f"{co.source or 'in memory'} + serving stack {stack.name}",
     )

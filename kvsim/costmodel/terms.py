@@ -18,6 +18,7 @@ from kvsim.costmodel.coefficients import (
     PrefillAttentionCoefficients,
     StepCoefficients,
 )
+from kvsim.costmodel.custom_allreduce import custom_allreduce_time
 from kvsim.costmodel.gpuspec import GPUSpec
 from kvsim.costmodel.layer_shapes import (
     ELEMENTWISE_OPS,
@@ -224,10 +225,11 @@ def prefill_attention_time(
 def allreduce_time(
     co: AllReduceCoefficients, gpu: GPUSpec, num_workers: int, size_bytes: Array
 ) -> np.ndarray:
-    """One all-reduce of ``size_bytes`` over ``num_workers`` GPUs: the fastest fitted protocol.
+    """One all-reduce of ``size_bytes`` over ``num_workers`` GPUs: the engine's custom kernel
+    where ``co.custom`` takes the message (a serving stack's), else the fastest NCCL protocol.
 
-    A worker count with no fit uses the nearest fitted one below it (else the smallest), with the
-    ring factor 2(w-1)/w of the real count.
+    A worker count with no NCCL fit uses the nearest fitted one below it (else the smallest),
+    with the ring factor 2(w-1)/w of the real count.
     """
     size = np.asarray(size_bytes, dtype=float)
     if num_workers <= 1:
@@ -244,4 +246,7 @@ def allreduce_time(
     best = protocols[0].latency_s + ring / protocols[0].bw_efficiency
     for protocol in protocols[1:]:
         best = np.minimum(best, protocol.latency_s + ring / protocol.bw_efficiency)
-    return best
+    if co.custom is None:
+        return best
+    custom, taken = custom_allreduce_time(co.custom, gpu.interconnect_bandwidth, num_workers, size)
+    return np.where(taken, custom, best)

@@ -55,7 +55,10 @@ def test_hopper_decode_attention_is_corrected_and_fitted_a100_attention_is_not()
     assert h100.decode_attention.wave_latency_s == 0.0
     assert h100.decode_attention.bw_efficiency == base.gemm.bw_efficiency
     assert h100.prefill_attention == base.prefill_attention
-    assert h100.linear == base.linear and h100.allreduce == base.allreduce
+    assert h100.linear == base.linear
+    assert h100.allreduce.by_num_workers == base.allreduce.by_num_workers  # NCCL lines kept
+    assert h100.allreduce.custom == VLLM_0_15.custom_allreduce
+    assert h100.provenance["allreduce"].kind == "corrected"
     assert h100.provenance["attention"].kind == "corrected"
     a100, fitted = stack_preset("a100-80gb", VLLM_0_15), preset_coefficients("a100-80gb")
     assert a100.decode_attention == fitted.decode_attention  # its own FlashAttention-2 fit
