@@ -135,6 +135,12 @@ def _reap_lock(path: Path) -> list[Path]:
     except OSError:
         return []
     try:
+        # The record first, and the flock only of a dead writer's lock: a lock file without a
+        # record is one a writer made an instant ago and is about to lock, and holding its
+        # flock even briefly would make that writer report its output busy (_take).
+        record = _read_record(fd)
+        if record is None or not record.is_dead_here():
+            return []
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not os.path.samestat(os.fstat(fd), os.lstat(path)):
@@ -216,34 +222,43 @@ _NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL
 
 def _take(path: Path, final: Path) -> int:
     """An open, flocked descriptor of the lock file ``path``: made new, or one whose record
-    says kvsim made it."""
+    says kvsim made it.
+
+    Only a lock file's maker flocks it before its owner record is in (here, and in
+    ``_reap_lock``): a writer that flocked another's new, record-less file would make its
+    maker, about to lock it, report the output busy, and leave the file without a record,
+    refusing every later writer of that output."""
     strangers = 0
     while True:
         try:
             fd, made = os.open(path, _NEW | os.O_NOFOLLOW, 0o644), True
         except FileExistsError:
-            fd, made = os.open(path, os.O_RDWR | os.O_NOFOLLOW), False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_record(fd)
-            os.close(fd)
-            who = f" (pid {holder.pid})" if holder is not None else ""
-            raise OutputBusyError(
-                f"{final}: another kvsim process{who} is writing this output; wait for it "
-                "or choose another --out"
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.lstat(path))
-        except FileNotFoundError:
-            same = False
-        if not same:  # a file another process unlinked while we waited for it
-            os.close(fd)
-            continue
+            try:
+                fd, made = os.open(path, os.O_RDWR | os.O_NOFOLLOW), False
+            except FileNotFoundError:  # its holder released it meanwhile
+                continue
         if made or _read_record(fd) is not None:
-            return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_record(fd)
+                os.close(fd)
+                who = f" (pid {holder.pid})" if holder is not None else ""
+                raise OutputBusyError(
+                    f"{final}: another kvsim process{who} is writing this output; wait for it "
+                    "or choose another --out"
+                ) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.lstat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)  # a file another process unlinked while we waited for it
+            continue
         os.close(fd)
-        # Not ours: or a writer that made it an instant ago and has yet to lock and record.
+        # No record: a writer that made it an instant ago and has yet to lock and record, or
+        # not kvsim's at all.
         strangers += 1
         if strangers > 3:
             raise OutputError(
