@@ -1,11 +1,11 @@
-"""Writers of different outputs in one folder never refuse each other, and a lock file is
-locked by its maker alone until it records its owner: picture workers each write one PNG
+"""Writers of different outputs in one folder never refuse each other, and no writer sees a
+lock before its maker has locked it and recorded itself: picture workers each write one PNG
 into one folder, and each first sweeps that folder for what killed writers left.
 
-A sweep used to flock every lock file in the folder, a new one too: a worker that had just
-made its lock file found it held and said "another kvsim process is writing this output"
-(a flaky ``kvsim plot``), leaving its lock file without a record, which refused every later
-writer of that output."""
+A lock file used to be made under its name and then locked, and a sweep flocked every lock
+file in the folder, a new one too: a worker that had just made its lock file found it held
+and said "another kvsim process is writing this output" (a flaky ``kvsim plot``), leaving
+its lock file without a record, which refused every later writer of that output."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import pytest
 
 from kvsim.atomic import (
-    OutputBusyError,
     OutputError,
     atomic_write_bytes,
     lock_path,
     names,
+    output_lock,
     remove_stale_temporaries,
 )
 from kvsim.atomic.names import OutputLock
@@ -46,6 +46,8 @@ def _lock_and_record(fd: int) -> None:
 def test_a_sweep_never_holds_a_lock_file_its_maker_is_about_to_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A lock file made in place (where the file system has no hard links; elsewhere, a new
+    # lock being made under a name of its own), not yet locked.
     maker = _made(tmp_path / "latency_cdfs.png")
     refused: list[int] = []
 
@@ -68,30 +70,30 @@ def test_a_sweep_never_holds_a_lock_file_its_maker_is_about_to_lock(
         os.close(maker)
 
 
-def test_a_writer_meeting_a_lock_file_without_a_record_lets_its_maker_lock_it(
+def test_no_writer_sees_a_lock_before_its_maker_locked_it_and_recorded_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two writers of one output: the second comes in just as the first locks its new lock
+    file. It used to find that file unlocked and without a record, take it for a stranger's
+    and fail ("not a kvsim lock"), or hold it and make the first fail and leave it there."""
     final = tmp_path / "latency_cdfs.png"
-    maker = _made(final)
-    read_record = names._read_record
-    refused: list[int] = []
+    second: list[str] = []
 
-    def read_then_maker_goes_on(fd: int) -> OwnerRecord | None:
-        if fd != maker and not refused:  # a second writer of the output looks at the file
-            monkeypatch.setattr(names, "_read_record", read_record)
+    def flock(fd: int, operation: int) -> None:
+        if not second:  # the first writer is about to lock its new file: the second comes in
+            second.append("came")
             try:
-                _lock_and_record(maker)
-            except BlockingIOError:
-                refused.append(fd)
-        return read_record(fd)
+                with output_lock(final):
+                    second.append("wrote")
+            except OutputError as exc:
+                second.append(str(exc))
+        fcntl.flock(fd, operation)
 
-    monkeypatch.setattr(names, "_read_record", read_then_maker_goes_on)
-    try:
-        with pytest.raises(OutputBusyError, match=f"pid {os.getpid()}"):
-            atomic_write_bytes(final, b"second")  # one of two writers of one output says busy
-        assert refused == [] and not final.exists()
-    finally:
-        os.close(maker)
+    shim = SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    monkeypatch.setattr(names, "fcntl", shim)
+    atomic_write_bytes(final, b"first")
+    assert second == ["came", "wrote"]  # before the first had its lock: one after the other
+    assert final.read_bytes() == b"first" and os.listdir(tmp_path) == [final.name]
 
 
 def test_a_lock_file_that_never_gets_a_record_is_not_kvsims(tmp_path: Path) -> None:
