@@ -213,16 +213,15 @@ class OutputLock:
 def output_lock(final: Path) -> Iterator[OutputLock]:
     """Hold the lock of ``final`` (a file beside it holding the owner record, removed on
     release); raise ``OutputBusyError`` at once if another process holds it. A lock left by a
-    dead writer is taken over, and the temporaries its record lists are removed first; a file
-    of that name without a valid record is someone else's, never truncated or removed."""
+    dead writer of this host is reaped first (the temporaries its record lists, then the lock
+    itself), one left by another host's writer taken over; a file of that name without a
+    valid record is someone else's, never truncated or removed."""
     path = lock_path(final)
     lock = OutputLock(-1, OwnerRecord.mine())
     fd, previous = _take(path, final, lock.record)
     try:
         lock._fd = fd
-        if previous is not None:  # a dead writer's lock, taken over
-            if previous.is_dead_here():
-                _remove_temporaries(path.parent, previous)
+        if previous is not None:  # another host's writer's lock, taken over
             lock._write()
         yield lock
     finally:
@@ -238,7 +237,8 @@ _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 def _take(path: Path, final: Path, record: OwnerRecord) -> tuple[int, OwnerRecord | None]:
     """An open, flocked descriptor of the lock file ``path``: a new one holding ``record``
-    (and None), or a dead writer's, taken over (and its record)."""
+    (and None), or another host's writer's, taken over (and its record). A dead writer's of
+    this host is reaped, and a new one made."""
     strangers = 0
     while True:
         fd = _made(path, final, record)
@@ -249,11 +249,10 @@ def _take(path: Path, final: Path, record: OwnerRecord) -> tuple[int, OwnerRecor
         except FileNotFoundError:  # its holder released it meanwhile
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_record(fd)
+            _flock_unless_live(fd, final)
+        except BaseException:
             os.close(fd)
-            raise _busy(final, holder) from None
+            raise
         try:
             same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
@@ -262,6 +261,14 @@ def _take(path: Path, final: Path, record: OwnerRecord) -> tuple[int, OwnerRecor
             os.close(fd)
             continue
         previous = _read_record(fd)
+        if previous is not None and previous.is_dead_here():
+            # Reaped as a sweep reaps it, so that whoever holds a lock under a dead writer's
+            # record is a reaper, about to let go (``_flock_unless_live``).
+            _remove_temporaries(path.parent, previous)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)
+            continue
         if previous is not None:
             return fd, previous
         os.close(fd)
@@ -274,6 +281,27 @@ def _take(path: Path, final: Path, record: OwnerRecord) -> tuple[int, OwnerRecor
                 f"will not replace it: remove it if it is not yours, or choose another name"
             )
         time.sleep(0.05)
+
+
+# How long a writer waits for a reaper of a dead writer's lock (removing its temporaries: an
+# unfinished run folder takes milliseconds; a big one, seconds) before it says busy.
+REAPER_WAIT_S = 10.0
+
+
+def _flock_unless_live(fd: int, final: Path) -> None:
+    """Lock ``fd`` (an existing lock file); raise ``OutputBusyError`` if a live writer holds
+    it. One held under a dead writer's record is held by a reaper (a sweep, or a writer of
+    the same output), which removes it and lets go: waited for."""
+    deadline = time.monotonic() + REAPER_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _read_record(fd)
+            if holder is None or not holder.is_dead_here() or time.monotonic() > deadline:
+                raise _busy(final, holder) from None
+        time.sleep(0.01)
 
 
 def _busy(final: Path, holder: OwnerRecord | None) -> OutputBusyError:

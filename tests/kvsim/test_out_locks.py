@@ -12,7 +12,11 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -94,6 +98,57 @@ def test_no_writer_sees_a_lock_before_its_maker_locked_it_and_recorded_itself(
     atomic_write_bytes(final, b"first")
     assert second == ["came", "wrote"]  # before the first had its lock: one after the other
     assert final.read_bytes() == b"first" and os.listdir(tmp_path) == [final.name]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_writer_waits_for_a_sweep_reaping_a_dead_writers_lock_of_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed writer left its lock and a temporary; while another output's writer sweeps
+    them away (holding that lock a moment), a writer of the killed one's output comes in: it
+    used to say "another kvsim process (pid of the dead one) is writing this output"."""
+    final = tmp_path / "latency_cdfs.png"
+    dead_pid = _dead_pid()
+    left = tmp_path / f".{final.name}.kvsim-tmp-{names._host_id()}-{dead_pid}-0011"
+    left.mkdir()
+    dead = OwnerRecord(dead_pid, OwnerRecord.mine().host, None, None, [left.name])
+    lock_path(final).write_bytes(dead.to_bytes())
+    outcome: list[str] = []
+    waiting = threading.Event()
+    sweeper = threading.current_thread()
+
+    def write() -> None:
+        try:
+            atomic_write_bytes(final, b"new")
+            outcome.append("wrote")
+        except OutputError as exc:
+            outcome.append(str(exc))
+        finally:
+            waiting.set()
+
+    def sleep(seconds: float) -> None:  # the writer waits for the lock's reaper
+        waiting.set()
+        time.sleep(seconds)
+
+    def flock(fd: int, operation: int) -> None:
+        fcntl.flock(fd, operation)
+        if threading.current_thread() is sweeper and not outcome and not waiting.is_set():
+            writer.start()  # the sweep holds the dead writer's lock: the writer comes in
+            assert waiting.wait(10)
+
+    writer = threading.Thread(target=write)
+    shim = SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    monkeypatch.setattr(names, "fcntl", shim)
+    monkeypatch.setattr(names, "time", SimpleNamespace(sleep=sleep, monotonic=time.monotonic))
+    assert sorted(remove_stale_temporaries(tmp_path)) == sorted([left, lock_path(final)])
+    writer.join(10)
+    assert outcome == ["wrote"]
+    assert final.read_bytes() == b"new" and os.listdir(tmp_path) == [final.name]
 
 
 def test_a_lock_file_that_never_gets_a_record_is_not_kvsims(tmp_path: Path) -> None:
