@@ -137,9 +137,10 @@ def bench_columns(chunks: list[Chunk], repeats: int, tmp: Path) -> None:
     import pyarrow.parquet as pq
 
     from kvsim.analysis.events_encoding import parquet_options
-    from kvsim.analysis.events_io import ROW_GROUP_ROWS, _exploded_columns, arrow_table
+    from kvsim.analysis.events_io import ROW_GROUP_ROWS
+    from kvsim.analysis.exploded_rows import arrow_table, exploded_columns
 
-    exploded = [_exploded_columns(*chunk) for chunk in chunks]
+    exploded = [exploded_columns(*chunk) for chunk in chunks]
     table = arrow_table({n: np.concatenate([e[n] for e in exploded]) for n in exploded[0]})
     groups = [table.slice(s, ROW_GROUP_ROWS) for s in range(0, table.num_rows, ROW_GROUP_ROWS)]
     schemes = {"now": parquet_options, "before": before_options}

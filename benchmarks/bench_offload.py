@@ -98,7 +98,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, (config, core, compiled) in configs.items():  # in turns: the speed drifts
             setattr(connector_module, "make_cpu_tier", _tier_maker(compiled))  # noqa: B010
-            # kvsim.runner.execute imports compiled_offload_applies at the call: set it there
+            # kvsim.runner.replay imports compiled_offload_applies at the call: set it there
             applies = original_applies if core else lambda *_args: False
             setattr(compiled_offload_module, "compiled_offload_applies", applies)  # noqa: B010
             start, cpu = time.perf_counter(), time.process_time()

@@ -4,13 +4,16 @@ output at once.
 ``.NAME.kvsim-tmp-HOST-PID-RANDOM``: a folder being written (or an old output just swapped
 out); ``.NAME.kvsim-old-HOST-PID-RANDOM``: an old output moved aside where no atomic swap
 exists; ``.NAME.kvsim-lock``: the lock of NAME, holding its owner record
-(kvsim/atomic/owner.py), which lists every temporary the holder made. The names are for
-people; what a later writer removes is decided by the record alone.
+(kvsim/atomic/owner.py), which lists every temporary the holder made;
+``.NAME.kvsim-lock.new-HOST-PID-RANDOM``: a new lock being made, locked and recorded before
+it is linked to the lock's name. The names are for people; what a later writer removes is
+decided by the record alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -29,7 +32,7 @@ if sys.platform != "win32":
 # Longest file name most file systems take, in bytes.
 NAME_MAX = 255
 _TEMP = re.compile(r"^\.(?P<name>.+)\.kvsim-(?P<what>tmp|old)-[0-9a-f]{6}-\d+-\w+$")
-_LOCK = re.compile(r"^\..+\.kvsim-lock$")
+_LOCK = re.compile(r"^\..+\.kvsim-lock(\.new-[0-9a-f]{6}-\d+-\w+)?$")
 
 
 class OutputError(KvsimError):
@@ -72,6 +75,12 @@ def temp_path(final: Path, what: str = "tmp") -> Path:
 
 def lock_path(final: Path) -> Path:
     tail = ".kvsim-lock"
+    return final.parent / f".{_short(final.name, len(tail) + 1)}{tail}"
+
+
+def _new_lock_path(final: Path) -> Path:
+    """A fresh name beside ``final`` for its lock being made (``output_lock``)."""
+    tail = f".kvsim-lock.new-{_host_id()}-{os.getpid()}-{os.urandom(4).hex()}"
     return final.parent / f".{_short(final.name, len(tail) + 1)}{tail}"
 
 
@@ -135,6 +144,12 @@ def _reap_lock(path: Path) -> list[Path]:
     except OSError:
         return []
     try:
+        # The record first, and the flock only of a dead writer's lock: a lock file without a
+        # record is one a writer made an instant ago and is about to lock, and holding its
+        # flock even briefly would make that writer report its output busy (_take).
+        record = _read_record(fd)
+        if record is None or not record.is_dead_here():
+            return []
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not os.path.samestat(os.fstat(fd), os.lstat(path)):
@@ -170,6 +185,13 @@ def _swapped_in(parent: Path, name: str, old: Path) -> bool:
 # --- the lock ------------------------------------------------------------------------------
 
 
+def _write_record(fd: int, record: OwnerRecord) -> None:
+    data = record.to_bytes()
+    os.ftruncate(fd, 0)
+    if os.pwrite(fd, data, 0) != len(data):
+        raise OSError(28, os.strerror(28))
+
+
 class OutputLock:
     """A held lock: its owner record names every temporary made beside the output."""
 
@@ -178,10 +200,7 @@ class OutputLock:
         self.record = record
 
     def _write(self) -> None:
-        data = self.record.to_bytes()
-        os.ftruncate(self._fd, 0)
-        if os.pwrite(self._fd, data, 0) != len(data):
-            raise OSError(28, os.strerror(28))
+        _write_record(self._fd, self.record)
 
     def register(self, temporary: Path) -> Path:
         """Record ``temporary`` (a name beside the output) before it is made; return it."""
@@ -194,16 +213,16 @@ class OutputLock:
 def output_lock(final: Path) -> Iterator[OutputLock]:
     """Hold the lock of ``final`` (a file beside it holding the owner record, removed on
     release); raise ``OutputBusyError`` at once if another process holds it. A lock left by a
-    dead writer is taken over, and the temporaries its record lists are removed first; a file
-    of that name without a valid record is someone else's, never truncated or removed."""
+    dead writer of this host is reaped first (the temporaries its record lists, then the lock
+    itself), one left by another host's writer taken over; a file of that name without a
+    valid record is someone else's, never truncated or removed."""
     path = lock_path(final)
-    fd = _take(path, final)
+    lock = OutputLock(-1, OwnerRecord.mine())
+    fd, previous = _take(path, final, lock.record)
     try:
-        previous = _read_record(fd)
-        if previous is not None and previous.is_dead_here():
-            _remove_temporaries(path.parent, previous)
-        lock = OutputLock(fd, OwnerRecord.mine())
-        lock._write()
+        lock._fd = fd
+        if previous is not None:  # another host's writer's lock, taken over
+            lock._write()
         yield lock
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -211,28 +230,29 @@ def output_lock(final: Path) -> Iterator[OutputLock]:
         os.close(fd)
 
 
-_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL
+_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+# What link() says where the file system has no hard links (vfat, some FUSE and network ones).
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
-def _take(path: Path, final: Path) -> int:
-    """An open, flocked descriptor of the lock file ``path``: made new, or one whose record
-    says kvsim made it."""
+def _take(path: Path, final: Path, record: OwnerRecord) -> tuple[int, OwnerRecord | None]:
+    """An open, flocked descriptor of the lock file ``path``: a new one holding ``record``
+    (and None), or another host's writer's, taken over (and its record). A dead writer's of
+    this host is reaped, and a new one made."""
     strangers = 0
     while True:
+        fd = _made(path, final, record)
+        if fd is not None:
+            return fd, None
         try:
-            fd, made = os.open(path, _NEW | os.O_NOFOLLOW, 0o644), True
-        except FileExistsError:
-            fd, made = os.open(path, os.O_RDWR | os.O_NOFOLLOW), False
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:  # its holder released it meanwhile
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_record(fd)
+            _flock_unless_live(fd, final)
+        except BaseException:
             os.close(fd)
-            who = f" (pid {holder.pid})" if holder is not None else ""
-            raise OutputBusyError(
-                f"{final}: another kvsim process{who} is writing this output; wait for it "
-                "or choose another --out"
-            ) from None
+            raise
         try:
             same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
@@ -240,10 +260,20 @@ def _take(path: Path, final: Path) -> int:
         if not same:  # a file another process unlinked while we waited for it
             os.close(fd)
             continue
-        if made or _read_record(fd) is not None:
-            return fd
+        previous = _read_record(fd)
+        if previous is not None and previous.is_dead_here():
+            # Reaped as a sweep reaps it, so that whoever holds a lock under a dead writer's
+            # record is a reaper, about to let go (``_flock_unless_live``).
+            _remove_temporaries(path.parent, previous)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)
+            continue
+        if previous is not None:
+            return fd, previous
         os.close(fd)
-        # Not ours: or a writer that made it an instant ago and has yet to lock and record.
+        # Not kvsim's; or, on a file system without hard links (``_made_in_place``), a writer
+        # that made it an instant ago and has yet to lock and record.
         strangers += 1
         if strangers > 3:
             raise OutputError(
@@ -251,3 +281,83 @@ def _take(path: Path, final: Path) -> int:
                 f"will not replace it: remove it if it is not yours, or choose another name"
             )
         time.sleep(0.05)
+
+
+# How long a writer waits for a reaper of a dead writer's lock (removing its temporaries: an
+# unfinished run folder takes milliseconds; a big one, seconds) before it says busy.
+REAPER_WAIT_S = 10.0
+
+
+def _flock_unless_live(fd: int, final: Path) -> None:
+    """Lock ``fd`` (an existing lock file); raise ``OutputBusyError`` if a live writer holds
+    it. One held under a dead writer's record is held by a reaper (a sweep, or a writer of
+    the same output), which removes it and lets go: waited for."""
+    deadline = time.monotonic() + REAPER_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _read_record(fd)
+            if holder is None or not holder.is_dead_here() or time.monotonic() > deadline:
+                raise _busy(final, holder) from None
+        time.sleep(0.01)
+
+
+def _busy(final: Path, holder: OwnerRecord | None) -> OutputBusyError:
+    who = f" (pid {holder.pid})" if holder is not None else ""
+    return OutputBusyError(
+        f"{final}: another kvsim process{who} is writing this output; wait for it or choose "
+        "another --out"
+    )
+
+
+def _made(path: Path, final: Path, record: OwnerRecord) -> int | None:
+    """A new lock file at ``path``, flocked and holding ``record`` from the instant it has
+    that name; None if ``path`` exists.
+
+    It is made under a name of its own (``_new_lock_path``), locked and recorded there, and
+    then hard-linked to ``path``: no other process ever sees the lock unlocked or without its
+    record, so none takes a live writer's lock for a stranger's, nor holds the flock its maker
+    is about to take (which made the maker say its output was busy). Where the file system
+    has no hard links it is made in place (``_made_in_place``)."""
+    staging = _new_lock_path(final)
+    fd = os.open(staging, _NEW, 0o644)  # 0644 less the umask
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else's name: at most a sweep's instant
+        _write_record(fd, record)
+        os.link(staging, path)
+    except OSError as exc:
+        os.close(fd)
+        if isinstance(exc, FileExistsError):
+            return None
+        if exc.errno in _NO_LINKS:
+            return _made_in_place(path, final, record)
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
+    return fd
+
+
+def _made_in_place(path: Path, final: Path, record: OwnerRecord) -> int | None:
+    """``_made`` without hard links: made at ``path``, then locked and recorded (another
+    writer may see it without a record meanwhile, and waits a moment for one: ``_take``)."""
+    try:
+        fd = os.open(path, _NEW, 0o644)
+    except FileExistsError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _write_record(fd, record)
+    except BlockingIOError:  # another writer of the same output found it first: ours to remove
+        os.unlink(path)
+        os.close(fd)
+        raise _busy(final, None) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -2,7 +2,8 @@
 
 resolve.py turns the config into what a run needs (trace, cost model, KV pool, max_model_len,
 executor, a P/D fleet's pools); execute.py runs it (``run``: cost mode, a fleet, or engine
-mode; ``simulate``: one replica's replay through the engine and its measurement)."""
+mode: engine_run.py); replay.py is ``simulate``, one replica's replay through the engine and
+its measurement; result.py is ``RunResult``, what a run holds in memory."""
 
 from kvsim.runner.execute import RunResult, run, simulate
 from kvsim.runner.resolve import (

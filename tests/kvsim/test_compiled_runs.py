@@ -192,7 +192,7 @@ def test_offload_runs_on_the_compiled_tier_match_python(
     import kvsim.sim.compiled_offload as compiled_offload_module
     from engine.offload.cpu_manager import make_cpu_tier
 
-    # kvsim.runner.execute imports it at the call (a run without a tier does not import it)
+    # kvsim.runner.replay imports it at the call (a run without a tier does not import it)
     monkeypatch.setattr(compiled_offload_module, "compiled_offload_applies", lambda *a: False)
 
     tiers: list[str] = []

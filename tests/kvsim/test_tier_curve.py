@@ -15,6 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from cache_curve_replays import block_keys, small_traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -24,7 +25,6 @@ from kvsim.analysis.cache_curve import cache_curve
 from kvsim.analysis.tier_curve import TIER_COLUMNS, replay_tiers, tier_curve
 from kvsim.cli import app
 from kvsim.commands.tiers import TierSpecError, parse_tiers
-from tests.kvsim.test_cache_curve import block_keys, small_traces
 from workloads import Request, Trace, load_trace, shipped_trace_path
 
 INF = math.inf
