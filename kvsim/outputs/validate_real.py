@@ -268,11 +268,14 @@ def validate_real(
             save_trace(shared_prefix_trace(workload.recipe), trace_path)
             config = run_config(spec, trace_path, coefficients or spec_coefficients(spec))
             result = run(config, keep_events=False)
+            view = client_view(spec)
             validation.resolved[name] = {
                 "num_blocks": result.resolved["num_blocks"],
                 "coefficients_source": result.resolved["cost_model"]["coefficients_source"],
+                "async_scheduling": view.async_scheduling,
+                "frontend_latency_s": view.frontend_s,
             }
-            validation.stages.extend(stage_results(workload, result, client_view(spec)))
+            validation.stages.extend(stage_results(workload, result, view))
     return validation
 
 

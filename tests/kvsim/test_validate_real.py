@@ -147,6 +147,7 @@ def test_command_prints_the_table_writes_the_folder_and_refuses_bad_input(
     doc = json.loads((out / "comparison.json").read_text())
     assert doc["kvsim_validate_real"] == 1 and len(doc["stages"]) == 1
     assert "h100-sxm+vllm-0.15.json" in doc["resolved"]["roleplay"]["coefficients_source"]
+    assert doc["resolved"]["roleplay"]["frontend_latency_s"] == VLLM_0_15.frontend_latency_s
     assert (out / "errors.png").stat().st_size > 0
     assert (out / "stages.csv").read_text().startswith("workload,stage,")
     again = CliRunner().invoke(
