@@ -20,6 +20,10 @@ replaces what its engine does differently, by physical argument, never by a per-
 - **all-reduce on Hopper**: the NCCL lines were profiled outside CUDA graphs. vLLM 0.15 runs
   its own custom all-reduce kernel inside the step's graph for every message below a few MiB
   (all of decode), and NCCL only above (kvsim/costmodel/custom_allreduce.py).
+
+A stack also says what its API server adds on the client's clock (``frontend_latency_s``):
+not a step price, so not in the coefficient files; ``kvsim validate-real`` adds it to TTFT and
+E2E.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class ServingStack:
     persistent_decode_gpus: tuple[str, ...]  # GPUs whose decode attention runs persistent
     custom_allreduce: CustomAllReduce | None  # the engine's own all-reduce kernel, if any
     custom_allreduce_gpus: tuple[str, ...]  # GPUs it is priced on (published measurements)
+    # The API server's own time per request, on the client's clock and never in a step price:
+    # added to TTFT and E2E by validate-real (kvsim/outputs/validate_real.py, ClientView).
+    frontend_latency_s: float = 0.0
 
 
 # vLLM 0.15's custom all-reduce on Hopper (compute capability 9.0), NVSwitch-connected GPUs:
@@ -100,6 +107,12 @@ VLLM_0_15 = ServingStack(
     # H200: the same GH100 chip and NVLink 4 as the H100 (GPUSpec). The A100 runs the same
     # kernel under vLLM, but no in-graph A100 measurement of it is published: its NCCL fit stays.
     custom_allreduce_gpus=("h100-sxm", "h200"),
+    # Request parsing, tokenization, the ZMQ hand-off to the engine core and back,
+    # detokenization and the first SSE chunk: a constant per request, no published per-request
+    # figure found, so fitted (least squares on relative TTFT error) on the five served stages
+    # of the four Llama-2-7B TP1 runs and nowhere else: 5.34 ms, shipped as 5.3 ms
+    # (benchmarks/fit_frontend_latency.py; docs/costmodel.md, "The client's clock").
+    frontend_latency_s=5.3e-3,
 )
 SERVING_STACKS = {VLLM_0_15.name: VLLM_0_15}
 

@@ -171,6 +171,26 @@ def _stats(values: np.ndarray, prefix: str) -> dict[str, float]:
     }
 
 
+def client_view(spec: RealSpec) -> ClientView:
+    """What lies between the engine and the client in ``spec``'s deployment: its
+    ``async_scheduling``, and its ``frontend_latency_s`` or, without one, its serving stack's
+    (0 without a stack)."""
+    d = spec.deployment
+    frontend = d.get("frontend_latency_s")
+    if frontend is None:
+        stack = d.get("serving_stack")
+        frontend = 0.0 if stack is None else resolve_stack(stack).frontend_latency_s
+    return ClientView(async_scheduling=d.get("async_scheduling", False), frontend_s=frontend)
+
+
+def fit_frontend_latency_s(measured_ms: np.ndarray, predicted_ms: np.ndarray) -> float:
+    """The constant (s) that, added to every predicted TTFT mean (ms, without a front end),
+    minimizes the sum of squared relative errors against the measured means: least squares
+    on relative error, as kvsim's other fits."""
+    weights = 1.0 / measured_ms**2
+    return float(np.sum((measured_ms - predicted_ms) * weights) / np.sum(weights)) * 1e-3
+
+
 def client_latencies(table: Table, view: ClientView) -> tuple[np.ndarray, np.ndarray]:
     """TTFT and E2E (s) as the client sees them: the engine's, plus one step where the engine
     was busy when the request arrived and schedules a step ahead (``view.async_scheduling``),
@@ -248,14 +268,13 @@ def validate_real(
             save_trace(shared_prefix_trace(workload.recipe), trace_path)
             config = run_config(spec, trace_path, coefficients or spec_coefficients(spec))
             result = run(config, keep_events=False)
+            view = client_view(spec)
             validation.resolved[name] = {
                 "num_blocks": result.resolved["num_blocks"],
                 "coefficients_source": result.resolved["cost_model"]["coefficients_source"],
+                "async_scheduling": view.async_scheduling,
+                "frontend_latency_s": view.frontend_s,
             }
-            view = ClientView(
-                async_scheduling=spec.deployment.get("async_scheduling", False),
-                frontend_s=spec.deployment.get("frontend_latency_s", 0.0),
-            )
             validation.stages.extend(stage_results(workload, result, view))
     return validation
 

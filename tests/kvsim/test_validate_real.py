@@ -3,6 +3,7 @@ client's view of latencies, SPEC errors and the command."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,8 +13,15 @@ from typer.testing import CliRunner
 
 from kvsim.analysis.table import Table
 from kvsim.cli import app
+from kvsim.costmodel.stacks import VLLM_0_15
 from kvsim.outputs.real_spec import RealSpecError, load_real_spec
-from kvsim.outputs.validate_real import ClientView, client_latencies, validate_real
+from kvsim.outputs.validate_real import (
+    ClientView,
+    client_latencies,
+    client_view,
+    fit_frontend_latency_s,
+    validate_real,
+)
 
 SPEC = "vllm-0.15.1_h100-sxm_llama-2-7b"
 
@@ -51,6 +59,27 @@ def test_issue_30_acceptance_on_every_stage(validation: list[dict[str, object]])
         assert abs(row["error_e2e_ms_pct"]) <= 10.0, stage  # type: ignore[arg-type]
         assert abs(row["error_tpot_ms_pct"]) <= 10.0, stage  # type: ignore[arg-type]
         assert abs(row["error_ttft_ms_pct"]) <= 25.0, stage  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # shares the 5 s fixture above
+def test_the_stack_front_end_is_the_fit_on_these_runs(validation: list[dict[str, object]]) -> None:
+    """vllm-0.15's front-end latency is the least-squares constant on these five served stages'
+    TTFT (benchmarks/fit_frontend_latency.py), rounded to 0.1 ms: the shift moves every
+    finished request's TTFT by the same amount, so the fit without it is the mean minus it."""
+    served = [r for r in validation if not r["measured_overloaded"]]
+    shipped_ms = 1e3 * VLLM_0_15.frontend_latency_s
+    measured = np.array([r["measured_ttft_ms"] for r in served], dtype=float)
+    without = np.array([r["ttft_ms.mean"] for r in served], dtype=float) - shipped_ms
+    assert 1e3 * fit_frontend_latency_s(measured, without) == pytest.approx(shipped_ms, abs=0.05)
+
+
+def test_client_view_front_end_is_the_spec_s_else_its_stack_s() -> None:
+    spec = load_real_spec(SPEC)
+    assert client_view(spec) == ClientView(True, VLLM_0_15.frontend_latency_s)
+    own = dataclasses.replace(spec, deployment={**spec.deployment, "frontend_latency_s": 0.002})
+    assert client_view(own).frontend_s == 0.002
+    bare = {k: v for k, v in spec.deployment.items() if k != "serving_stack"}
+    assert client_view(dataclasses.replace(spec, deployment=bare)).frontend_s == 0.0
 
 
 def test_client_view_adds_one_step_only_where_the_engine_was_busy() -> None:
@@ -118,6 +147,7 @@ def test_command_prints_the_table_writes_the_folder_and_refuses_bad_input(
     doc = json.loads((out / "comparison.json").read_text())
     assert doc["kvsim_validate_real"] == 1 and len(doc["stages"]) == 1
     assert "h100-sxm+vllm-0.15.json" in doc["resolved"]["roleplay"]["coefficients_source"]
+    assert doc["resolved"]["roleplay"]["frontend_latency_s"] == VLLM_0_15.frontend_latency_s
     assert (out / "errors.png").stat().st_size > 0
     assert (out / "stages.csv").read_text().startswith("workload,stage,")
     again = CliRunner().invoke(
