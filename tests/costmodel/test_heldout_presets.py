@@ -18,6 +18,7 @@ from kvsim.costmodel import (
     MODEL_PRESETS,
     CostModel,
     CostModelError,
+    model_spec_from_hf_config,
     plan_num_blocks,
 )
 from kvsim.costmodel.coefficients import preset_coefficients
@@ -46,6 +47,18 @@ def test_codellama_34b_from_its_config() -> None:
     assert plan.block_bytes == 16 * 196_608 // 2
     # Real vLLM 0.15.1 logged 425,648 tokens = 26,603 blocks for this deployment.
     assert plan.num_blocks == pytest.approx(26_603, rel=0.02)
+
+
+def test_codellama_34b_preset_is_the_heldout_figures_config(tmp_path: Path) -> None:
+    # benchmarks/data/heldout_real_runs.json describes CodeLlama-34B by its config.json (it
+    # predates the preset); the two must be the same model, so either prices the same runs.
+    figures = Path(__file__).parents[2] / "benchmarks" / "data" / "heldout_real_runs.json"
+    config = json.loads(figures.read_text(encoding="utf-8"))["model_configs"]["codellama-34b"]
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert (
+        model_spec_from_hf_config(tmp_path, name="codellama-34b")
+        == (MODEL_PRESETS["codellama-34b"])
+    )
 
 
 def test_qwen3_14b_from_its_config() -> None:
