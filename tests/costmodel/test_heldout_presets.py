@@ -6,6 +6,7 @@ kvsim/costmodel/modelspec.py), not computed by the code under test."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -165,3 +166,23 @@ def test_each_preset_runs_a_tiny_trace(tmp_path: Path, model: str, gpu: str, tp:
     assert 1e-3 < summary["tpot_s"]["mean"] < 0.2
     resolved = json.loads((out / "config.json").read_text())["resolved"]
     assert resolved["cost_model"]["model"]["name"] == model
+
+
+@pytest.mark.parametrize(
+    ("model", "value", "message"),
+    [
+        ("qwen3-14b", 1, "expert_weight_bytes \\(1\\) needs num_experts > 0"),
+        ("mixtral-8x22b", 3, "expert_weight_bytes must be 0 \\(as dtype_bytes\\), 1, 2 or 4"),
+        ("mixtral-8x22b", -1, "expert_weight_bytes must be an integer >= 0"),
+    ],
+)
+def test_bad_expert_weight_bytes_are_refused(model: str, value: int, message: str) -> None:
+    with pytest.raises(CostModelError, match=message):
+        dataclasses.replace(MODEL_PRESETS[model], expert_weight_bytes=value)
+
+
+def test_run_folders_name_expert_weight_bytes_only_where_set() -> None:
+    described = CostModel(MODEL_PRESETS["llama-4-scout-17b-16e"], H100, tp=2).describe()
+    assert described["model"]["expert_weight_bytes"] == 1  # type: ignore[index]
+    dense = CostModel(MODEL_PRESETS["qwen3-14b"], H100).describe()
+    assert "expert_weight_bytes" not in dense["model"]  # type: ignore[operator]
