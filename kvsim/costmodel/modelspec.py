@@ -325,7 +325,7 @@ def _llama4_scout(name: str, *, expert_weight_bytes: int) -> ModelSpec:
         intermediate_size=16384,
         vocab_size=202048,
         dtype_bytes=2,
-        num_params=107_769_861_120,
+        num_params=108_641_793_536,
         max_model_len=10485760,
         num_experts=16,
         num_experts_per_tok=1,
@@ -421,7 +421,8 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
             # width 8192 (intermediate_size), top-1, and a shared expert of the same width; every
             # layer MoE (interleave_moe_layer_step 1), so intermediate_size_mlp 16384 is unused.
             # Three layers in four use 8192-token chunked attention, not modelled (docs). The
-            # count is the language model's; the vision tower is not counted.
+            # count is the checkpoint's: 871,932,416 of it are the vision encoder and projector
+            # (bf16), which vLLM loads and a text request never runs.
             _llama4_scout("llama-4-scout-17b-16e", expert_weight_bytes=1),
             _llama4_scout("llama-4-scout-17b-16e-bf16", expert_weight_bytes=0),
         )

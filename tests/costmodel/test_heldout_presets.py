@@ -103,11 +103,19 @@ def test_llama_4_scout_fp8_experts_from_its_config() -> None:
     experts = 48 * 17 * 3 * 5120 * 8192  # routed and shared, stored in FP8 (1 byte)
     router = 48 * 5120 * 16
     per_layer = 2 * 5120 * 5120 + 2 * 5120 * 1024 + 17 * 3 * 5120 * 8192 + 5120 * 16 + 2 * 5120
-    params = 2 * 202048 * 5120 + 48 * per_layer + 5120
-    assert fp8.num_params == bf16.num_params == params == 107_769_861_120
-    assert fp8.active_params == params - 48 * 15 * 3 * 5120 * 8192  # 17.2B active
+    text = 2 * 202048 * 5120 + 48 * per_layer + 5120
+    # vision_config: 34 layers of hidden 1408 (attention and MLP of 5632, with biases, two
+    # LayerNorms), patch 14 of 336 px images (577 positions), pixel-shuffle adapter to 4096,
+    # projector 4096 -> 5120; all bf16.
+    vision_layer = 4 * (1408 * 1408 + 1408) + 2 * 1408 * 5632 + 5632 + 1408 + 4 * 1408
+    vision = 34 * vision_layer + 3 * 14 * 14 * 1408 + 1408 + 577 * 1408 + 4 * 1408
+    vision += 4 * 1408 * 4096 + 4096 * 4096 + 4096 * 5120
+    params = text + vision
+    assert (text, vision) == (107_769_861_120, 871_932_416)
+    assert fp8.num_params == bf16.num_params == params == 108_641_793_536  # the checkpoint's
+    assert fp8.active_params == params - 48 * 15 * 3 * 5120 * 8192  # 17.2B text + the tower
     assert bf16.weight_bytes == 2 * params
-    assert fp8.weight_bytes == 2 * (params - experts) + experts == 112_863_160_320
+    assert fp8.weight_bytes == 2 * (params - experts) + experts == 114_607_025_152
     assert fp8.kv_bytes_per_token == 2 * 48 * 8 * 128 * 2 == 196_608  # the cache stays bf16
     plan = plan_num_blocks(fp8, H100, 16, tp=2, **LIMITS)
     assert plan.weight_bytes == ((params - router) // 2 + router) * 2 - experts // 2

@@ -34,7 +34,7 @@ PUBLIC_PARAMS = {
     "codellama-34b": 33.7e9,
     "qwen3-14b": 14.8e9,
     "mixtral-8x22b": 141e9,
-    # The model card's 109B counts the vision tower too; the preset counts the text model.
+    # Both counts include the vision tower (0.87B), as the checkpoint does.
     "llama-4-scout-17b-16e": 109e9,
     "llama-4-scout-17b-16e-bf16": 109e9,
 }
