@@ -38,9 +38,10 @@ from kvsim.costmodel.specio import positive_float, positive_int
 from kvsim.costmodel.step_profiles import fit_overheads
 
 # Streaming multiprocessors per GPU preset (NVIDIA datasheets / whitepapers): A100 108,
-# H100 SXM5 132, H200 SXM 132 (same GH100), L4 58 (AD104).
+# H100 SXM5 132, H200 SXM 132 (same GH100), L4 58 (AD104), L40S 142 (AD102, 18,176 CUDA cores
+# at 128 per SM).
 DATASHEET_NUM_SMS = MappingProxyType(
-    {"a100-40gb": 108, "a100-80gb": 108, "h100-sxm": 132, "h200": 132, "l4": 58}
+    {"a100-40gb": 108, "a100-80gb": 108, "h100-sxm": 132, "h200": 132, "l4": 58, "l40s": 142}
 )
 
 # Which profile files describe which preset (Vidur names files by "a100" / "h100"; its A100s are
@@ -280,13 +281,15 @@ def scale_to_gpu(
 # closest) architecture otherwise.
 FITTED_PRESETS = ("a100-80gb", "h100-sxm")
 SHIPPED_PROFILES = "profiles/vidur"  # the repository folder fitted (Vidur, MIT: its README)
-SCALED_PRESETS = MappingProxyType({"a100-40gb": "a100-80gb", "h200": "h100-sxm", "l4": "a100-80gb"})
+SCALED_PRESETS = MappingProxyType(
+    {"a100-40gb": "a100-80gb", "h200": "h100-sxm", "l4": "a100-80gb", "l40s": "a100-80gb"}
+)
 
 
 def fit_presets(profiles: ProfileSet) -> dict[str, StepCoefficients]:
     """The coefficient files kvsim ships, from the Vidur profiles: a100-80gb fitted; h100-sxm
     fitted (its attention scaled from a100-80gb: no H100 attention profile exists);
-    a100-40gb, h200 and l4 scaled from datasheets. Each as a file holds it (rounded)."""
+    a100-40gb, h200, l4 and l40s scaled from datasheets. Each as a file holds it (rounded)."""
     a100 = as_shipped(fit_gpu(profiles, resolve_gpu("a100-80gb"), source=SHIPPED_PROFILES))
     h100_base = scale_to_gpu(a100, resolve_gpu("h100-sxm"))
     h100 = as_shipped(

@@ -94,6 +94,15 @@ GPU_PRESETS: MappingProxyType[str, GPUSpec] = MappingProxyType(
                 peak_flops=121e12,
                 interconnect_bandwidth=32e9,
             ),
+            # L40S: 48 GB GDDR6 at 864 GB/s, 362 TFLOP/s dense bf16 (733 with sparsity; the
+            # 181 / 362 pair is the L40's), no NVLink: PCIe Gen4 x16, 64 GB/s total.
+            GPUSpec(
+                name="l40s",
+                memory_bytes=46068 * _MIB,
+                hbm_bandwidth=864e9,
+                peak_flops=362.05e12,
+                interconnect_bandwidth=32e9,
+            ),
         )
     }
 )

@@ -339,8 +339,13 @@ class CostModel:
         provenance included) with where they were read from; JSON-serializable."""
         shard = dataclasses.asdict(self.shard)
         del shard["model"]
+        model = dataclasses.asdict(self.model)
+        if not model["expert_weight_bytes"]:
+            # Absent means as dtype_bytes: run folders of every model stored at one width read
+            # as they did before the field existed.
+            del model["expert_weight_bytes"]
         return {
-            "model": dataclasses.asdict(self.model),
+            "model": model,
             "gpu": dataclasses.asdict(self.gpu),
             "tp": self.tp,
             "coefficients_source": self.coefficients.source or "in memory",

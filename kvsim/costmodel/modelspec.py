@@ -1,7 +1,8 @@
 """Model architectures for the cost model: ModelSpec, presets, and Hugging Face config.json reading.
 
 Pure data and arithmetic (stdlib only): no torch, no weights are ever loaded. Sizes are in
-parameters or bytes; ``dtype_bytes`` is the serving dtype (2 for fp16/bf16).
+parameters or bytes; ``dtype_bytes`` is the serving dtype (2 for fp16/bf16); an MoE model's
+experts may be stored narrower (``expert_weight_bytes``, 1 for FP8).
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ class ModelSpec:
     ``moe_intermediate_size``, of which a router picks ``num_experts_per_tok`` per token, plus
     an optional shared expert of width ``shared_expert_intermediate_size`` that every token
     runs; ``intermediate_size`` is then the config's dense width, which no layer uses. A dense
-    model leaves the four MoE fields at 0.
+    model leaves the MoE fields at 0.
+
+    ``expert_weight_bytes`` (MoE only; 0: ``dtype_bytes``) is the bytes of one weight of the
+    routed and shared experts when the checkpoint stores them narrower than the rest: 1 for an
+    FP8 checkpoint that quantizes the expert MLPs and keeps attention, router, embeddings and
+    LM head at ``dtype_bytes`` (llm-compressor's Llama 4 recipes). Activations and the KV cache
+    stay at ``dtype_bytes``.
     """
 
     name: str
@@ -45,6 +52,7 @@ class ModelSpec:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    expert_weight_bytes: int = 0
 
     def __post_init__(self) -> None:
         source = f"model {self.name!r}"
@@ -78,7 +86,12 @@ class ModelSpec:
         self._check_moe(source)
 
     def _check_moe(self, source: str) -> None:
-        fields = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+        fields = (
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "expert_weight_bytes",
+        )
         for field in ("num_experts", *fields):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -96,6 +109,11 @@ class ModelSpec:
                 f"got {self.num_experts_per_tok!r}"
             )
         positive_int(self.moe_intermediate_size, "moe_intermediate_size", source)
+        if self.expert_weight_bytes not in (0, 1, 2, 4):
+            raise CostModelError(
+                f"{source}: expert_weight_bytes must be 0 (as dtype_bytes), 1, 2 or 4, "
+                f"got {self.expert_weight_bytes!r}"
+            )
 
     @property
     def is_moe(self) -> bool:
@@ -108,9 +126,16 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
+    def expert_bytes_per_weight(self) -> int:
+        """Bytes of one weight of the routed and shared experts (bytes)."""
+        return self.expert_weight_bytes or self.dtype_bytes
+
+    @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights, unsharded (bytes)."""
-        return self.num_params * self.dtype_bytes
+        """Bytes of all weights, unsharded: ``num_params * dtype_bytes``, less what narrower
+        expert weights save (bytes)."""
+        saved = self.dtype_bytes - self.expert_bytes_per_weight
+        return self.num_params * self.dtype_bytes - self.all_expert_params * saved
 
     @property
     def layer_matmul_params(self) -> int:
@@ -158,6 +183,17 @@ class ModelSpec:
             * self.hidden_size
             * self.moe_intermediate_size
         )
+
+    @property
+    def shared_expert_params(self) -> int:
+        """Parameters of the shared experts' matrices, all layers (their gate not counted)."""
+        mult = 3 if self.gated_mlp else 2
+        return self.num_layers * mult * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
+    def all_expert_params(self) -> int:
+        """Parameters stored at ``expert_bytes_per_weight``: routed and shared experts."""
+        return self.expert_params + self.shared_expert_params
 
     @property
     def active_params(self) -> int:
@@ -276,6 +312,29 @@ def _llama(
     )
 
 
+def _llama4_scout(name: str, *, expert_weight_bytes: int) -> ModelSpec:
+    """Llama 4 Scout 17B-16E: ``expert_weight_bytes`` 1 is the FP8 checkpoint the sim-to-real
+    study served (experts in FP8, attention, router, embeddings and LM head in bf16)."""
+    return ModelSpec(
+        name=name,
+        num_layers=48,
+        hidden_size=5120,
+        num_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=16384,
+        vocab_size=202048,
+        dtype_bytes=2,
+        num_params=108_641_793_536,
+        max_model_len=10485760,
+        num_experts=16,
+        num_experts_per_tok=1,
+        moe_intermediate_size=8192,
+        shared_expert_intermediate_size=8192,
+        expert_weight_bytes=expert_weight_bytes,
+    )
+
+
 MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
     {
         spec.name: spec
@@ -332,6 +391,40 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
                 num_experts_per_tok=8,
                 moe_intermediate_size=768,
             ),
+            # CodeLlama-34b-Instruct-hf (the base -hf has the same config): 48 layers, GQA 64 / 8,
+            # vocab 32000 (the 7B / 13B have 32016), max_position_embeddings 16384.
+            _llama("codellama-34b", 48, 8192, 64, 8, 22016, 32000, 33_743_970_304, 16384),
+            # Qwen3-14B: head_dim 128 given by the config (here equal to hidden / heads), untied,
+            # no sliding window. The count includes the per-head q/k norms (40 x 256 weights).
+            ModelSpec(
+                name="qwen3-14b",
+                num_layers=40,
+                hidden_size=5120,
+                num_heads=40,
+                num_kv_heads=8,
+                head_dim=128,
+                intermediate_size=17408,
+                vocab_size=151936,
+                dtype_bytes=2,
+                num_params=14_768_307_200,
+                max_model_len=40960,
+            ),
+            # Mixtral-8x22B-Instruct-v0.1 (the study's; the base v0.1 has vocab 32000): 8 experts
+            # of width 16384 (intermediate_size), top-2, 65536 positions. 141B, 39B active.
+            dataclasses.replace(
+                _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 140_630_071_296, 65536),
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=16384,
+            ),
+            # Llama-4-Scout-17B-16E-Instruct's text model (text_config): 16 routed experts of
+            # width 8192 (intermediate_size), top-1, and a shared expert of the same width; every
+            # layer MoE (interleave_moe_layer_step 1), so intermediate_size_mlp 16384 is unused.
+            # Three layers in four use 8192-token chunked attention, not modelled (docs). The
+            # count is the checkpoint's: 871,932,416 of it are the vision encoder and projector
+            # (bf16), which vLLM loads and a text request never runs.
+            _llama4_scout("llama-4-scout-17b-16e", expert_weight_bytes=1),
+            _llama4_scout("llama-4-scout-17b-16e-bf16", expert_weight_bytes=0),
         )
     }
 )

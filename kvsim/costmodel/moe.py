@@ -51,7 +51,8 @@ class MoEShapes:
     expert_width: int  # moe_intermediate_size / tp
     shared_width: int  # shared_expert_intermediate_size / tp (0: no shared expert)
     gated: bool
-    dtype_bytes: int
+    dtype_bytes: int  # activations
+    weight_bytes: int  # one expert weight (routed or shared): dtype_bytes, or 1 for FP8
 
     @classmethod
     def from_model(cls, model: ModelSpec, tp: int) -> MoEShapes | None:
@@ -66,6 +67,7 @@ class MoEShapes:
             shared_width=model.shared_expert_intermediate_size // tp,
             gated=model.gated_mlp,
             dtype_bytes=model.dtype_bytes,
+            weight_bytes=model.expert_bytes_per_weight,
         )
 
     @property

@@ -96,6 +96,7 @@ GPU_HOST_LINKS = MappingProxyType(
         "a100-40gb": "pcie4-host",
         "a100-80gb": "pcie4-host",
         "l4": "pcie4-host",
+        "l40s": "pcie4-host",
         "h100-sxm": "pcie5-host",
         "h200": "pcie5-host",
     }

@@ -78,12 +78,15 @@ def shard_model(model: ModelSpec, tp: int = 1, *, strict: bool = True) -> Sharde
     replicated = kv_proj_per_gpu + model.router_params
     split = model.kv_proj_params + model.router_params
     other_params_per_gpu = (model.num_params - split) // tp
+    # Experts stored narrower than dtype_bytes (FP8) save their share of the bytes; 0 otherwise.
+    saved_per_weight = model.dtype_bytes - model.expert_bytes_per_weight
+    saved_bytes = model.all_expert_params // tp * saved_per_weight
     return ShardedModel(
         model=model,
         tp=tp,
         heads_per_gpu=model.num_heads // tp,
         kv_heads_per_gpu=kv_heads_per_gpu,
-        weight_bytes_per_gpu=(other_params_per_gpu + replicated) * model.dtype_bytes,
+        weight_bytes_per_gpu=(other_params_per_gpu + replicated) * model.dtype_bytes - saved_bytes,
         layer_matmul_params_per_gpu=(model.layer_matmul_params - split) // tp + replicated,
         lm_head_params_per_gpu=model.lm_head_params // tp,
         kv_bytes_per_token_per_gpu=2

@@ -37,12 +37,35 @@ Array = np.ndarray | float | int
 SPLIT_KV_OCCUPANCY = 0.8
 
 
+def operand_bytes(
+    weights: Array, inputs: Array, outputs: Array, dtype_bytes: Array, weight_bytes: int | None
+) -> Array:
+    """Bytes a GEMM moves: ``weights`` weight, ``inputs`` input and ``outputs`` output
+    elements at ``dtype_bytes``, or the weights at ``weight_bytes`` where that differs (FP8
+    experts). The equal case keeps the one-product form, summed in the same order, so a model
+    without narrow weights gets the same bits as before ``weight_bytes`` existed."""
+    if weight_bytes is None or weight_bytes == dtype_bytes:
+        return (weights + inputs + outputs) * dtype_bytes
+    return weights * weight_bytes + (inputs + outputs) * dtype_bytes
+
+
 def gemm_time(
-    co: GemmCoefficients, gpu: GPUSpec, m: Array, k: Array, n: Array, dtype_bytes: Array
+    co: GemmCoefficients,
+    gpu: GPUSpec,
+    m: Array,
+    k: Array,
+    n: Array,
+    dtype_bytes: Array,
+    *,
+    weight_bytes: int | None = None,
 ) -> np.ndarray:
-    """(m x k) @ (k x n): floor + max(operand bytes / bandwidth, tiled FLOPs / FLOP rate)."""
+    """(m x k) @ (k x n): floor + max(operand bytes / bandwidth, tiled FLOPs / FLOP rate).
+
+    ``weight_bytes``: bytes of one (k x n) weight when narrower than ``dtype_bytes`` (FP8);
+    FLOPs stay priced at the GPU's bf16 peak (no FP8 tensor-core rate is modelled)."""
     m = np.asarray(m, dtype=float)
-    memory = (k * n + m * k + m * n) * dtype_bytes / (gpu.hbm_bandwidth * co.bw_efficiency)
+    moved = operand_bytes(k * n, m * k, m * n, dtype_bytes, weight_bytes)
+    memory = moved / (gpu.hbm_bandwidth * co.bw_efficiency)
     tile = co.m_tile_tokens
     rows = np.ceil(m / tile) * tile + co.m_half_tokens
     compute = 2.0 * k * n * rows / (gpu.peak_flops * co.flops_efficiency)
@@ -96,15 +119,18 @@ def grouped_gemm_time(
     k: int,
     n: int,
     dtype_bytes: int,
+    *,
+    weight_bytes: int | None = None,
 ) -> np.ndarray:
     """One grouped GEMM (vLLM's fused MoE kernel, one launch): ``routed_rows`` token copies,
     each multiplied by its expert's (k x n) matrix, spread evenly over ``experts`` experts.
 
-    The fitted GEMM term with the weights of the experts touched read once each, and each
-    expert's rows padded to whole MOE_BLOCK_ROWS blocks (moe_align_block_size)."""
+    The fitted GEMM term with the weights of the experts touched read once each (at
+    ``weight_bytes`` each where given), and each expert's rows padded to whole MOE_BLOCK_ROWS
+    blocks (moe_align_block_size)."""
     rows = np.asarray(routed_rows, dtype=float)
     touched = np.asarray(experts, dtype=float)
-    memory = (touched * k * n + rows * k + rows * n) * dtype_bytes
+    memory = operand_bytes(touched * k * n, rows * k, rows * n, dtype_bytes, weight_bytes)
     memory = memory / (gpu.hbm_bandwidth * co.bw_efficiency)
     per_expert = rows / np.maximum(touched, 1e-12)
     padded = touched * np.ceil(per_expert / MOE_BLOCK_ROWS) * MOE_BLOCK_ROWS + co.m_half_tokens
@@ -119,7 +145,7 @@ def moe_op_times(
     expert) SHARED_EXPERT_OPS. Expected counts under uniform routing: ``num_tokens * top_k``
     routed rows over ``expected_experts_touched`` experts."""
     tokens = np.asarray(num_tokens, dtype=float)
-    h, d, k = moe.hidden_size, moe.dtype_bytes, moe.top_k
+    h, d, k, w = moe.hidden_size, moe.dtype_bytes, moe.top_k, moe.weight_bytes
     rows = tokens * k
     touched = np.asarray(expected_experts_touched(moe.num_experts, k, tokens))
     add = co.elementwise("add")
@@ -129,20 +155,28 @@ def moe_op_times(
         # topk-softmax over the logits, then the sort into expert groups (a second launch).
         "moe_routing": elementwise_time(add, gpu, tokens, moe.num_experts * d + 2 * k * 4)
         + add.latency_s,
-        "moe_up_proj": grouped_gemm_time(co.gemm, gpu, rows, touched, h, moe.expert_up_width, d),
+        "moe_up_proj": grouped_gemm_time(
+            co.gemm, gpu, rows, touched, h, moe.expert_up_width, d, weight_bytes=w
+        ),
         "moe_act": elementwise_time(
             co.elementwise("mlp_act"), gpu, rows, (moe.expert_up_width + moe.expert_width) * d
         ),
-        "moe_down_proj": grouped_gemm_time(co.gemm, gpu, rows, touched, moe.expert_width, h, d),
+        "moe_down_proj": grouped_gemm_time(
+            co.gemm, gpu, rows, touched, moe.expert_width, h, d, weight_bytes=w
+        ),
         # Each token's k expert outputs, weighted and summed.
         "moe_combine": elementwise_time(add, gpu, tokens, (k + 1) * h * d),
     }
     if moe.shared_width:
-        times["shared_up_proj"] = gemm_time(co.gemm, gpu, tokens, h, moe.shared_up_width, d)
+        times["shared_up_proj"] = gemm_time(
+            co.gemm, gpu, tokens, h, moe.shared_up_width, d, weight_bytes=w
+        )
         times["shared_act"] = elementwise_time(
             co.elementwise("mlp_act"), gpu, tokens, (moe.shared_up_width + moe.shared_width) * d
         )
-        times["shared_down_proj"] = gemm_time(co.gemm, gpu, tokens, moe.shared_width, h, d)
+        times["shared_down_proj"] = gemm_time(
+            co.gemm, gpu, tokens, moe.shared_width, h, d, weight_bytes=w
+        )
         times["shared_gate"] = gemm_time(co.gemm, gpu, tokens, h, 1, d)
     return times
 

@@ -25,7 +25,7 @@ def _write(tmp_path: Path, data: object) -> Path:
 
 
 def test_presets_hold_datasheet_numbers() -> None:
-    assert set(GPU_PRESETS) == {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4"}
+    assert set(GPU_PRESETS) == {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4", "l40s"}
     a100 = GPU_PRESETS["a100-80gb"]
     assert (a100.memory_bytes, a100.hbm_bandwidth, a100.peak_flops) == (80 << 30, 2.039e12, 312e12)
     # Dense, not the "with sparsity" figure the datasheets print first.
