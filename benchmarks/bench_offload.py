@@ -9,11 +9,15 @@ readable CPU tier too. `kvsim run --no-plots`'s work without the CLI; llama-3.1-
 with a 30,000-block pool (the issue's setting).
 
     python benchmarks/bench_offload.py [--repeats 3] [--trace NAME] [--size GIB]
-        [--python-scheduler] [--python-tier] [--processes]
+        [--python-scheduler] [--python-tier] [--processes [--baseline DIR]]
 
 `--processes` adds the other reading of the bar: whole `kvsim run --no-plots` processes, as a
 user starts them (Python's start, the trace, events.parquet and the other files included),
 GPU-only and with the tier, in turns, wall and CPU (children's user + system) medians.
+`--baseline DIR` times the processes of another checkout (its compiled core built) in the
+same turns: an A/B comparison on a machine whose speed drifts; it also times the simulation
+alone of both checkouts in turns, each run in a fresh process of its own (`run(config,
+keep_events=False)`, timed inside it), before the processes.
 
 The default trace is the first 1,000 requests of the Mooncake conversation trace (the whole
 trace takes minutes with offload on); `--trace mooncake_fast25_conversation` is the issue's.
@@ -68,6 +72,11 @@ def main() -> None:
         "--processes",
         action="store_true",
         help="also time whole `kvsim run --no-plots` processes, GPU-only and with the tier",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also time this other checkout's simulations (and --processes), in the same turns",
     )
     args = parser.parse_args()
     base = RunConfig(
@@ -128,43 +137,101 @@ def main() -> None:
     )
     for name, other in zip(list(medians)[2:], rest):
         print(f"  {name.strip()} / compiled core: {other / second:.1f}x")
+    if args.baseline is not None:
+        bench_simulations(args.trace, args.size, args.repeats, args.baseline)
     if args.processes:
-        bench_processes(args.trace, args.size, args.repeats)
+        bench_processes(args.trace, args.size, args.repeats, args.baseline)
 
 
-def bench_processes(trace: str, size: float, repeats: int) -> None:
+# One simulation, timed inside a fresh process: prints its wall and CPU seconds.
+SIMULATION = """
+import sys, time
+from kvsim.config import RunConfig
+from kvsim.runner import run
+config = RunConfig(trace=sys.argv[1], model="llama-3.1-8b", gpu="h100-sxm", num_blocks=30_000,
+                   max_model_len=200_000, allow_long_max_model_len=True,
+                   kv_offloading_size=float(sys.argv[2]))
+start, cpu = time.perf_counter(), time.process_time()
+run(config, keep_events=False)
+print(time.perf_counter() - start, time.process_time() - cpu)
+"""
+
+
+def bench_simulations(trace: str, size: float, repeats: int, baseline: str) -> None:
+    """The simulation alone, GPU-only and with a ``size`` GiB CPU tier, of this checkout and
+    of ``baseline``, in turns, each in a fresh process: wall and CPU medians, ratios."""
+    root = os.path.abspath(baseline)
+    checkouts = {"baseline: ": {**os.environ, "PYTHONPATH": root}, "": None}
+    sizes = {"gpu only": 0.0, f"cpu tier {size:g} GiB": size}
+    walls: dict[str, list[float]] = {c + n: [] for c in checkouts for n in sizes}
+    cpus: dict[str, list[float]] = {name: [] for name in walls}
+    for _ in range(repeats):
+        for label, env in checkouts.items():
+            for name, gib in sizes.items():
+                out = subprocess.run(
+                    [sys.executable, "-c", SIMULATION, trace, f"{gib:g}"], check=True,
+                    capture_output=True, text=True, env=env, cwd=root if env else None,
+                ).stdout.split()  # fmt: skip
+                walls[label + name].append(float(out[0]))
+                cpus[label + name].append(float(out[1]))
+    print(f"simulation alone, a fresh process each, medians of {repeats}")
+    _print_medians(walls, cpus, checkouts, sizes)
+
+
+def _print_medians(
+    walls: dict[str, list[float]], cpus: dict[str, list[float]], checkouts: Any, runs: Any
+) -> None:
+    """Each checkout's GPU-only and tier medians (wall, CPU) and their ratios."""
+    wall = {name: statistics.median(v) for name, v in walls.items()}
+    cpu = {name: statistics.median(v) for name, v in cpus.items()}
+    for label in checkouts:
+        for name in runs:
+            key = label + name
+            runs_text = ", ".join(f"{v:.2f}" for v in walls[key])
+            print(f"  {key:30s} {wall[key]:6.2f} s  (runs: {runs_text}; CPU {cpu[key]:.2f} s)")
+        gpu, tier = (label + name for name in runs)
+        print(
+            f"  {label}offload / GPU only: {wall[tier] / wall[gpu]:.2f}x, CPU"
+            f" {cpu[tier] / cpu[gpu]:.2f}x (bar, issue 29: <= 1.5x)"
+        )
+
+
+def bench_processes(trace: str, size: float, repeats: int, baseline: str | None = None) -> None:
     """Whole `kvsim run --no-plots` processes, GPU-only and with a ``size`` GiB CPU tier, in
-    turns: wall and CPU (user + system of the child) medians and their ratios."""
+    turns: wall and CPU (user + system of the child) medians and their ratios; with
+    ``baseline`` (a checkout's directory), its processes too, in the same turns, run from
+    there."""
     command = [sys.executable, "-c", "from kvsim.cli import main; main()", "run", trace,
                "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--num-blocks", "30000",
                "--max-model-len", "200000", "--allow-long-max-model-len", "--no-plots"]  # fmt: skip
     runs = {"gpu only": [], f"cpu tier {size:g} GiB": ["--kv-offloading-size", f"{size:g}"]}
-    walls: dict[str, list[float]] = {name: [] for name in runs}
-    cpus: dict[str, list[float]] = {name: [] for name in runs}
+    # checkout label -> (working directory, PYTHONPATH): None for this process's own
+    checkouts: dict[str, tuple[str, str] | None] = {"": None}
+    if baseline is not None:
+        root = os.path.abspath(baseline)
+        checkouts = {"baseline: ": (root, root), **checkouts}
+    walls: dict[str, list[float]] = {c + n: [] for c in checkouts for n in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in walls}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
-            for name, extra in runs.items():
-                out = os.path.join(tmp, f"{len(walls[name])}-{i}-{len(extra)}")
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                start = time.perf_counter()
-                subprocess.run([*command, *extra, "--out", out], check=True,
-                               stdout=subprocess.DEVNULL)  # fmt: skip
-                walls[name].append(time.perf_counter() - start)
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpus[name].append(
-                    after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-                )
+            for label, place in checkouts.items():
+                cwd, env = None, None
+                if place is not None:
+                    cwd, env = place[0], {**os.environ, "PYTHONPATH": place[1]}
+                for name, extra in runs.items():
+                    key = label + name
+                    out = os.path.join(tmp, f"{len(walls[key])}-{i}-{len(extra)}-{len(label)}")
+                    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    start = time.perf_counter()
+                    subprocess.run([*command, *extra, "--out", out], check=True, cwd=cwd,
+                                   env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+                    walls[key].append(time.perf_counter() - start)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpus[key].append(
+                        after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                    )
     print(f"whole `kvsim run --no-plots` processes, medians of {repeats}")
-    wall = {name: statistics.median(v) for name, v in walls.items()}
-    cpu = {name: statistics.median(v) for name, v in cpus.items()}
-    for name in runs:
-        runs_text = ", ".join(f"{v:.2f}" for v in walls[name])
-        print(f"  {name:20s} {wall[name]:6.2f} s  (runs: {runs_text}; CPU {cpu[name]:.2f} s)")
-    (gpu_wall, tier_wall), (gpu_cpu, tier_cpu) = wall.values(), cpu.values()
-    print(
-        f"  offload / GPU only: {tier_wall / gpu_wall:.2f}x, CPU {tier_cpu / gpu_cpu:.2f}x"
-        " (bar, issue 29: <= 1.5x)"
-    )
+    _print_medians(walls, cpus, checkouts, runs)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvsim.analysis.loading_share import loading_share
+
+__all__ = ["loading_share", "transfer_intervals", "transfer_jobs", "ttft_split"]
+
 # Issue kind -> completion kind, by direction.
 DIRECTIONS = {
     "store": ("OFFLOAD_STORE", "OFFLOAD_STORE_DONE"),
@@ -107,12 +111,3 @@ def ttft_split(requests: pd.DataFrame) -> pd.DataFrame:
     )  # fmt: skip
     out["ttft"] = out["queueing"] + out["loading"] + out["computing"]
     return out.sort_values("ttft", kind="stable", ignore_index=True)
-
-
-def loading_share(requests: pd.DataFrame) -> float | None:
-    """Σ loading / Σ TTFT over the requests that loaded at their first admission
-    (``ttft_split``): the share of their time to first token spent waiting for loads; None
-    when none loaded."""
-    split = ttft_split(requests)
-    total = float(split["ttft"].sum())
-    return float(split["loading"].sum()) / total if len(split) and total > 0 else None

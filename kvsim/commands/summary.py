@@ -172,7 +172,7 @@ def _offload_rows(s: dict[str, Any], requests: Any) -> list[tuple[str, str]]:
              f"{t['evictions']:,} evicted)")
         )  # fmt: skip
     if requests is not None:
-        from kvsim.analysis.offload_tables import loading_share
+        from kvsim.analysis.loading_share import loading_share
 
         share = loading_share(requests)
         value = "- (no request loaded)" if share is None else f"{share:.1%}"

@@ -214,7 +214,7 @@ def offload_rows(s: dict[str, Any], requests: Any = None) -> list[tuple[str, str
     rows.append(("load wait (issue to admission) p50 / p99",
                  f"{_ms(wait.get('p50'))} / {_ms(wait.get('p99'))}"))  # fmt: skip
     if requests is not None:
-        from kvsim.analysis.offload_tables import loading_share
+        from kvsim.analysis.loading_share import loading_share
 
         share = loading_share(requests)
         rows.append(

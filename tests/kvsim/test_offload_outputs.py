@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from kvsim.analysis.offload_tables import loading_share, transfer_jobs, ttft_split
+from kvsim.analysis.table import Table
 from kvsim.outputs.run_folder import read_run
 from kvsim.plots.occupancy_map import transfer_grids
 from tests.kvsim.test_offload_run import MODEL, kvsim, write_trace
@@ -150,3 +151,27 @@ def test_kvsim_plot_redraws_an_offload_picture_and_refuses_it_on_a_plain_run(
     refused = kvsim("plot", runs["plain"], "--what", "offload-tier", "--out", tmp_path / "no")
     assert refused.exit_code == 2
     assert "no CPU tier" in refused.output
+
+
+def test_the_loading_share_is_the_same_from_the_table_and_the_dataframe() -> None:
+    # `kvsim run` prints it from the run's Table (no pandas); plots and notebooks from a
+    # DataFrame: both give ttft_split's sums exactly, its dropped rows (no load, no first
+    # token) left out alike
+    nan = float("nan")
+    table = Table(
+        {
+            "seq_id": np.arange(5),
+            "offload_hit_tokens": np.array([16, 0, 32, 48, 16]),
+            "arrival_time_s": np.array([0.0, 0.1, 0.2, 0.3, 0.4]),
+            "offload_load_start_s": np.array([0.05, nan, 0.3, 0.35, 0.45]),
+            "admit_time_s": np.array([0.25, 0.2, 0.9, 0.5, 0.6]),
+            "first_token_time_s": np.array([0.4, 0.3, 1.0, nan, 0.65]),
+        }
+    )
+    split = ttft_split(table.to_pandas())
+    assert list(split["seq_id"]) == [4, 0, 2]
+    share = loading_share(table)
+    assert share == split["loading"].sum() / split["ttft"].sum()
+    assert share == loading_share(table.to_pandas())
+    no_load = Table({**table.columns, "offload_hit_tokens": np.zeros(5, dtype=np.int64)})
+    assert loading_share(no_load) is None

@@ -79,6 +79,7 @@ class LruOrder {
       source = 2;
       out = fresh_[fresh_head_];
     }
+    last_source_ = source;
     if (source == 0) {
       heap_.pop();
     } else if (source == 1) {
@@ -106,6 +107,14 @@ class LruOrder {
     if (stack.size() <= ahead) return false;
     key = stack[stack.size() - 1 - ahead].second;
     return true;
+  }
+
+  // The key ``ahead`` entries on in the place the last pop_min took from (the stacks or the
+  // queue: the next victims come from there), or false.
+  bool last_source_ahead(size_t ahead, int64_t& key) const {
+    if (last_source_ == 1) return stack_ahead(ahead, key);
+    if (last_source_ == 2) return fresh_ahead(ahead, key);
+    return false;
   }
 
   // Request rank ``major`` finished and every chunk ranked under it was re-ranked: its
@@ -155,6 +164,7 @@ class LruOrder {
   }
 
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap_;
+  int last_source_ = -1;  // pop_min's last: 0 heap, 1 stacks, 2 queue
   std::vector<Entry> fresh_;  // the queue from fresh_head_ on
   size_t fresh_head_ = 0;
   std::vector<std::vector<Entry>> spare_stacks_;

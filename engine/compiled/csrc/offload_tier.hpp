@@ -108,15 +108,18 @@ class CpuTier {
   bool prepare_store(int64_t req, const OffloadKey* keys, size_t n,
                      std::vector<OffloadKey>& to_store, std::vector<OffloadKey>& evicted) {
     TierRequest& ctx = request(req, TierRequest::kKeyed);
-    return store(ctx, keys, n, [&](size_t i) { return ctx.record_of(keys[i]); }, to_store,
-                 evicted);
+    const auto rec = [&](size_t i) { return ctx.record_of(keys[i]); };
+    return lru_ ? store(*lru_, ctx, keys, n, rec, to_store, evicted)
+                : store(*policy_, ctx, keys, n, rec, to_store, evicted);
   }
   // The same for the request's chunks ``first_index`` to ``first_index + n``.
   bool prepare_store_at(int64_t req, size_t first_index, size_t n,
                         std::vector<OffloadKey>& to_store, std::vector<OffloadKey>& evicted) {
     TierRequest& ctx = indexed(req, first_index + n);
-    return store(ctx, ctx.keys.data() + first_index, n,
-                 [&](size_t i) { return int32_t(first_index + i); }, to_store, evicted);
+    const auto rec = [&](size_t i) { return int32_t(first_index + i); };
+    const OffloadKey* keys = ctx.keys.data() + first_index;
+    return lru_ ? store(*lru_, ctx, keys, n, rec, to_store, evicted)
+                : store(*policy_, ctx, keys, n, rec, to_store, evicted);
   }
 
   // complete_store: the stores of ``keys`` completed; returns how many became ready.
@@ -225,9 +228,11 @@ class CpuTier {
     for (const Recorded& r : recorded_) mark_reused(ctx, r.record);
   }
 
-  // prepare_store over ``keys``, keys[i] being record rec(i) of ``ctx``.
-  template <class Rec>
-  bool store(TierRequest& ctx, const OffloadKey* keys, size_t n, Rec rec,
+  // prepare_store over ``keys``, keys[i] being record rec(i) of ``ctx``. ``policy`` is
+  // policy_, as its own class where that is LRU (final): the calls per chunk (prefetch, get,
+  // insert) are then direct ones, not virtual.
+  template <class Policy, class Rec>
+  bool store(Policy& policy, TierRequest& ctx, const OffloadKey* keys, size_t n, Rec rec,
              std::vector<OffloadKey>& to_store, std::vector<OffloadKey>& evicted) {
     to_store.clear();
     evicted.clear();
@@ -235,8 +240,8 @@ class CpuTier {
     ready_existing_.clear();
     recorded_.clear();
     for (size_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) policy_->prefetch(keys[i + kAhead]);
-      const TierChunk* chunk = get(keys[i]);
+      if (i + kAhead < n) policy.prefetch(keys[i + kAhead]);
+      const TierChunk* chunk = policy.get(keys[i]);
       if (chunk == nullptr) {
         to_store.push_back(keys[i]);
         store_records_.push_back(rec(i));
@@ -282,7 +287,7 @@ class CpuTier {
     const int64_t fresh = std::min<int64_t>(int64_t(to_store.size()), num_chunks_ - num_allocated_);
     for (size_t i = 0; i < to_store.size(); ++i) {
       // (the slots the first walk brought may have left the cache during the evictions)
-      if (i + kAhead < to_store.size()) policy_->prefetch(to_store[i + kAhead]);
+      if (i + kAhead < to_store.size()) policy.prefetch(to_store[i + kAhead]);
       TierChunk chunk;
       if (int64_t(i) < fresh) {
         chunk.chunk_id = int32_t(num_allocated_ + int64_t(i));
@@ -291,7 +296,7 @@ class CpuTier {
         free_slots_.pop_back();
       }
       const int32_t r = store_records_[i];
-      policy_->insert(to_store[i], chunk, ctx.positions[size_t(r)], ctx.lru_rank);
+      policy.insert(to_store[i], chunk, ctx.positions[size_t(r)], ctx.lru_rank);
     }
     num_allocated_ += fresh;
     num_write_pending += int64_t(to_store.size());
@@ -326,10 +331,6 @@ class CpuTier {
     int32_t record;
     bool held;  // ready and held (ready_existing, or loaded); else about to be stored
   };
-
-  // policy_->get without the virtual call where the policy is LRU (the walks over a
-  // request's keys call it once per chunk)
-  TierChunk* get(OffloadKey key) { return lru_ ? lru_->LruPolicy::get(key) : policy_->get(key); }
 
   int64_t num_chunks_;
   int64_t num_allocated_ = 0;  // slots ever handed out; freed ones wait in free_slots_
