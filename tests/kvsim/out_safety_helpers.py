@@ -1,5 +1,6 @@
-"""What the --out safety tests share (test_out_*.py): kvsim's CLI in process, its one error
-line, a folder's tree with its bytes, a quick run into a folder, an earlier run to write over."""
+"""What the output-rule and --out safety tests share (test_output_rule.py, test_out_*.py):
+kvsim's CLI in process, its one error line, a folder's tree with its bytes, a quick run into a
+folder, an earlier run to write over."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def one_error_line(result: Result, *fragments: str) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: "), lines
+    # the message is kvsim's, not a raw OSError's repr
+    assert "Error" not in lines[0].split(":", 1)[1] or "OSError" not in lines[0], lines[0]
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]

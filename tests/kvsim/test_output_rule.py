@@ -10,36 +10,12 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from out_safety_helpers import QUICK, kvsim, one_error_line, tree
 
 from kvsim.atomic.manifest import MANIFEST, sidecar_path
-from kvsim.cli import app
 
-QUICK = ("--until", "2", "--no-plots")
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
 GEN = ("--rate", "2", "--num-requests", "5", "--prompt", "fixed:10", "--output", "fixed:3")
-
-
-def kvsim(*args: str | Path) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result: Result, *fragments: str) -> str:
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), lines
-    assert "Error" not in lines[0].split(":", 1)[1] or "OSError" not in lines[0], lines[0]
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
-
-
-def tree(folder: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-    }
 
 
 # --- single files: gen, import --------------------------------------------------------------
