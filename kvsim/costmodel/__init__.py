@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from kvsim.costmodel.hf_config import model_spec_from_hf_config, resolve_model
     from kvsim.costmodel.memory_plan import MemoryPlan, default_activation_reserve, plan_num_blocks
     from kvsim.costmodel.model import BatchShape, CostModel, causal_pairs
-    from kvsim.costmodel.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
+    from kvsim.costmodel.model_presets import MODEL_PRESETS
+    from kvsim.costmodel.modelspec import ModelSpec, estimate_num_params
     from kvsim.costmodel.sharding import ShardedModel, shard_model
     from kvsim.costmodel.specio import CostModelError
 
@@ -46,7 +47,8 @@ _EXPORTS = {
     "kvsim.costmodel.hf_config": ("model_spec_from_hf_config", "resolve_model"),
     "kvsim.costmodel.memory_plan": ("MemoryPlan", "default_activation_reserve", "plan_num_blocks"),
     "kvsim.costmodel.model": ("BatchShape", "CostModel", "causal_pairs"),
-    "kvsim.costmodel.modelspec": ("MODEL_PRESETS", "ModelSpec", "estimate_num_params"),
+    "kvsim.costmodel.model_presets": ("MODEL_PRESETS",),
+    "kvsim.costmodel.modelspec": ("ModelSpec", "estimate_num_params"),
     "kvsim.costmodel.sharding": ("ShardedModel", "shard_model"),
     "kvsim.costmodel.specio": ("CostModelError",),
 }

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvsim.costmodel.modelspec import MODEL_PRESETS, ModelSpec, estimate_num_params
+from kvsim.costmodel.model_presets import MODEL_PRESETS
+from kvsim.costmodel.modelspec import ModelSpec, estimate_num_params
 from kvsim.costmodel.specio import (
     CostModelError,
     path_exists,
