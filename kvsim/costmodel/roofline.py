@@ -37,22 +37,25 @@ class DecodeRoofline:
         return self.total_bytes / self.hbm_bandwidth
 
 
-def layer_weight_params(shapes: LayerShapes, num_tokens: float) -> float:
-    """One layer's matmul parameters on one GPU that a step of ``num_tokens`` tokens reads:
-    QKV and output projections, and the dense MLP or, for a mixture of experts, the router,
-    the experts the tokens route to (expected count under uniform routing, an upper estimate:
-    skewed routers touch fewer) and any shared expert."""
-    h, d = float(shapes.hidden_size), float(shapes.head_dim)
-    q, kv = float(shapes.heads_per_gpu), float(shapes.kv_heads_per_gpu)
-    attention = h * (q + 2.0 * kv) * d + q * d * h
+def layer_weight_bytes(shapes: LayerShapes, num_tokens: float) -> float:
+    """Bytes of one layer's matmul weights on one GPU that a step of ``num_tokens`` tokens
+    reads: QKV and output projections, and the dense MLP or, for a mixture of experts, the
+    router, the experts the tokens route to (expected count under uniform routing, an upper
+    estimate: skewed routers touch fewer) and any shared expert, the experts at their own
+    width in bytes (FP8 experts: 1)."""
+    b = float(shapes.dtype_bytes)
+    gemms = shapes.gemm_shapes()
+    attention = sum(float(k * n) for op, (k, n) in gemms.items() if op.startswith("attn_"))
     moe = shapes.moe
     if moe is None:
-        up = (2.0 if shapes.gated_mlp else 1.0) * float(shapes.mlp_width)
-        return attention + h * up + float(shapes.mlp_width) * h
+        mlp = sum(float(k * n) for op, (k, n) in gemms.items() if op.startswith("mlp_"))
+        return (attention + mlp) * b
+    h = float(shapes.hidden_size)
     touched = float(expected_experts_touched(moe.num_experts, moe.top_k, num_tokens))
     expert = h * moe.expert_up_width + moe.expert_width * h
     shared = h * moe.shared_up_width + moe.shared_width * h
-    return attention + h * moe.num_experts + touched * expert + shared
+    experts = (touched * expert + shared) * float(moe.weight_bytes)
+    return (attention + h * moe.num_experts) * b + experts
 
 
 def decode_roofline(
@@ -62,7 +65,7 @@ def decode_roofline(
     on one of ``tp`` GPUs (any tp that divides the query heads)."""
     shapes = LayerShapes.from_model(model, tp)
     b = float(model.dtype_bytes)
-    weights = model.num_layers * layer_weight_params(shapes, float(num_seqs)) * b
+    weights = model.num_layers * layer_weight_bytes(shapes, float(num_seqs))
     lm_head = float(model.hidden_size) * (model.vocab_size // tp) * b
     kv_per_token = model.num_layers * 2.0 * float(shapes.kv_heads_per_gpu) * model.head_dim * b
     return DecodeRoofline(

@@ -8,34 +8,20 @@ import pytest
 from kvsim.costmodel import (
     BatchShape,
     CostModel,
-    ModelSpec,
     resolve_gpu,
     resolve_model,
 )
 from kvsim.costmodel.coefficients import load_coefficients, preset_coefficients
 from kvsim.costmodel.roofline import decode_roofline
 
-# CodeLlama-34B has no preset: the numbers of its config.json, as the held-out runs describe it
-# (benchmarks/data/heldout_real_runs.json).
-CODELLAMA_34B = ModelSpec(
-    name="codellama-34b",
-    num_layers=48,
-    hidden_size=8192,
-    num_heads=64,
-    num_kv_heads=8,
-    head_dim=128,
-    intermediate_size=22016,
-    vocab_size=32000,
-    dtype_bytes=2,
-    num_params=33_743_970_304,
-    max_model_len=16384,
-)
 # The deployments of docs/costmodel.md's real-run checks: model and tensor-parallel size.
 DEPLOYMENTS = {
     "llama-2-7b": (resolve_model("llama-2-7b"), 1),
     "llama-2-70b": (resolve_model("llama-2-70b"), 4),
-    "codellama-34b": (CODELLAMA_34B, 2),
+    "codellama-34b": (resolve_model("codellama-34b"), 2),
     "mixtral-8x7b": (resolve_model("mixtral-8x7b"), 2),
+    # FP8 experts: the bound counts them at 1 byte a weight, as the price does
+    "llama-4-scout-17b-16e": (resolve_model("llama-4-scout-17b-16e"), 2),
 }
 BLOCK = 16
 
